@@ -1,0 +1,48 @@
+"""One line in ``ADDONS`` enables the whole suite."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.misc import load_object
+
+from scrapy_banker.settings import load_config
+
+if TYPE_CHECKING:
+    from scrapy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER = "scrapy_banker.scheduler.BankerScheduler"
+#: Component -> order, chosen relative to Scrapy's built-ins.  The topic tagger
+#: (950) is closest to the spider, so DepthMiddleware (900) and the offsite
+#: filter see requests already tagged; the downloader counter (860) sits next to
+#: DownloaderStats (850), so like it it counts every network response, retried
+#: attempts included.
+SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
+DOWNLOADER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerDownloaderMiddleware": 860}
+EXTENSIONS = {"scrapy_banker.extensions.BankerStatsFile": 500}
+
+
+class Addon:
+    """Scrapy add-on: ``ADDONS = {"scrapy_banker.Addon": 500}``.
+
+    Settings are written at ``addon`` priority, so anything the project sets
+    explicitly (its own ``SCHEDULER`` for instance) still wins, as Scrapy's
+    add-on contract promises.
+    """
+
+    def update_settings(self, settings: Settings) -> None:
+        config = load_config(settings)  # fail fast on a bad BANKER_* value
+        if not config.enabled:
+            raise NotConfigured("BANKER_ENABLED is False")
+        settings.set("SCHEDULER", SCHEDULER, priority="addon")
+        for name, components in (
+            ("SPIDER_MIDDLEWARES", SPIDER_MIDDLEWARES),
+            ("DOWNLOADER_MIDDLEWARES", DOWNLOADER_MIDDLEWARES),
+            ("EXTENSIONS", EXTENSIONS),
+        ):
+            for cls, order in components.items():
+                settings.setdefault_in_component_priority_dict(name, load_object(cls), order)

@@ -1,0 +1,211 @@
+"""``BANKER_*`` settings: defaults, documentation and start-up validation.
+
+Every component reads its configuration through :func:`load_config`, so a bad
+value is reported once, at start-up, with the setting's name, the value it got
+and what is allowed -- instead of surfacing as an obscure failure hours into a
+crawl.  This module deliberately imports nothing from Scrapy: it only needs an
+object with ``get()``, which both :class:`scrapy.settings.Settings` and a plain
+``dict`` provide, so the validation is testable without a crawler.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "DEFAULTS",
+    "BankerConfig",
+    "SettingsLike",
+    "TopicRule",
+    "load_config",
+]
+
+
+class SettingsLike(Protocol):
+    def get(self, name: str, default: Any = None) -> Any: ...
+
+
+#: Default value of every ``BANKER_*`` setting.  Documented one by one in
+#: ``docs/settings.rst``; a test keeps the two in sync.
+DEFAULTS: dict[str, Any] = {
+    # Master switch: every scrapy-banker component raises NotConfigured when False.
+    "BANKER_ENABLED": True,
+    # Topic name -> priority (int) or {"priority": int}. Higher runs first.
+    "BANKER_TOPICS": {},
+    # Ordered rules tagging requests with a topic: {"url": regex, "topic": name}
+    # or {"callback": method name, "topic": name}; the first match wins.
+    "BANKER_TOPIC_RULES": [],
+    # Topic of a request that has no banker_topic meta and matches no rule.
+    "BANKER_DEFAULT_TOPIC": "default",
+    # Path of a JSON file the stats exporter writes when the spider closes.
+    "BANKER_STATS_FILE": None,
+    # Domain suffix that scrapy_banker.testing.resolver.FarmResolver maps to 127.0.0.1.
+    "BANKER_FARM_DOMAIN": "farm.test",
+}
+
+_TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TOPIC_KEYS = frozenset({"priority"})
+_RULE_KEYS = frozenset({"url", "callback", "topic"})
+
+
+@dataclass(frozen=True)
+class TopicRule:
+    """One ``BANKER_TOPIC_RULES`` entry, compiled once at start-up."""
+
+    topic: str
+    url: re.Pattern[str] | None = None
+    callback: str | None = None
+
+    def matches(self, url: str, callback_name: str | None) -> bool:
+        if self.url is not None and self.url.search(url) is None:
+            return False
+        return not (self.callback is not None and self.callback != callback_name)
+
+
+@dataclass(frozen=True)
+class BankerConfig:
+    """Validated view of the ``BANKER_*`` settings."""
+
+    enabled: bool = True
+    topic_priorities: Mapping[str, int] = field(default_factory=dict)
+    topic_rules: tuple[TopicRule, ...] = ()
+    default_topic: str = "default"
+    stats_file: str | None = None
+    farm_domain: str = "farm.test"
+
+    def topic_priority(self, topic: str) -> int:
+        return self.topic_priorities.get(topic, 0)
+
+    def topic_for(self, url: str, callback_name: str | None) -> str:
+        """Topic of a request with no explicit ``banker_topic`` meta."""
+        for rule in self.topic_rules:
+            if rule.matches(url, callback_name):
+                return rule.topic
+        return self.default_topic
+
+
+def _bad(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"Invalid {name}={value!r}: {allowed}")
+
+
+def _get(settings: SettingsLike, name: str) -> Any:
+    value = settings.get(name, None)
+    return DEFAULTS[name] if value is None else value
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in {"1", "0", "true", "false"}:
+        return value.strip().lower() in {"1", "true"}
+    raise _bad(name, value, "expected a boolean (True/False, 1/0, 'true'/'false')")
+
+
+def _as_topic_name(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not _TOPIC_NAME_RE.match(value):
+        raise _bad(
+            name, value, "a topic name is 1-64 characters of letters, digits, '_', '.', '-'"
+        )
+    return value
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise _bad(name, value, "expected an integer")
+    return value
+
+
+def _parse_topics(value: Any) -> dict[str, int]:
+    name = "BANKER_TOPICS"
+    if isinstance(value, str):
+        # Command line form: -s BANKER_TOPICS='{"news": 10}' arrives as a str.
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise _bad(name, value, f"not valid JSON ({exc})") from None
+    if not isinstance(value, Mapping):
+        raise _bad(name, value, 'expected a dict of topic -> priority, e.g. {"news": 10}')
+    out: dict[str, int] = {}
+    for topic, spec in value.items():
+        _as_topic_name(f"{name}[{topic!r}]", topic)
+        if isinstance(spec, Mapping):
+            unknown = set(spec) - _TOPIC_KEYS
+            if unknown:
+                raise _bad(
+                    f"{name}[{topic!r}]",
+                    spec,
+                    f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOPIC_KEYS)}",
+                )
+            spec = spec.get("priority", 0)
+        out[topic] = _as_int(f"{name}[{topic!r}]", spec)
+    return out
+
+
+def _parse_rules(value: Any) -> tuple[TopicRule, ...]:
+    name = "BANKER_TOPIC_RULES"
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise _bad(name, value, f"not valid JSON ({exc})") from None
+    if not isinstance(value, (list, tuple)):
+        raise _bad(name, value, 'expected a list of {"url": regex, "topic": name} dicts')
+    rules: list[TopicRule] = []
+    for i, raw in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(raw, Mapping):
+            raise _bad(where, raw, 'expected a dict like {"url": "/news/", "topic": "news"}')
+        unknown = set(raw) - _RULE_KEYS
+        if unknown:
+            raise _bad(where, raw, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}")
+        if "topic" not in raw:
+            raise _bad(where, raw, "missing 'topic'")
+        if "url" not in raw and "callback" not in raw:
+            raise _bad(where, raw, "needs 'url' (a regex) and/or 'callback' (a method name)")
+        pattern: re.Pattern[str] | None = None
+        if "url" in raw:
+            if not isinstance(raw["url"], str):
+                raise _bad(where, raw, "'url' must be a regular expression string")
+            try:
+                pattern = re.compile(raw["url"])
+            except re.error as exc:
+                raise _bad(where, raw, f"'url' is not a valid regular expression ({exc})") from None
+        callback = raw.get("callback")
+        if callback is not None and (not isinstance(callback, str) or not callback.isidentifier()):
+            raise _bad(where, raw, "'callback' must be a spider method name")
+        rules.append(
+            TopicRule(topic=_as_topic_name(where, raw["topic"]), url=pattern, callback=callback)
+        )
+    return tuple(rules)
+
+
+def load_config(settings: SettingsLike) -> BankerConfig:
+    """Validate every ``BANKER_*`` setting; raise ``ValueError`` naming the culprit."""
+    stats_file = _get(settings, "BANKER_STATS_FILE")
+    if stats_file is not None and (not isinstance(stats_file, str) or not stats_file):
+        raise _bad("BANKER_STATS_FILE", stats_file, "expected a file path string or None")
+    domain = _get(settings, "BANKER_FARM_DOMAIN")
+    if not isinstance(domain, str) or not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", domain):
+        raise _bad("BANKER_FARM_DOMAIN", domain, "expected a lower-case DNS suffix like 'farm.test'")
+    return BankerConfig(
+        enabled=_as_bool("BANKER_ENABLED", _get(settings, "BANKER_ENABLED")),
+        topic_priorities=_parse_topics(_get(settings, "BANKER_TOPICS")),
+        topic_rules=_parse_rules(_get(settings, "BANKER_TOPIC_RULES")),
+        default_topic=_as_topic_name("BANKER_DEFAULT_TOPIC", _get(settings, "BANKER_DEFAULT_TOPIC")),
+        stats_file=stats_file,
+        farm_domain=domain,
+    )

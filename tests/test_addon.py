@@ -1,0 +1,76 @@
+"""One ADDONS line wires the suite; explicit project settings still win."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from scrapy import Spider
+from scrapy.utils.misc import load_object
+from scrapy.utils.test import get_crawler
+
+from scrapy_banker.addon import DOWNLOADER_MIDDLEWARES, EXTENSIONS, SCHEDULER, SPIDER_MIDDLEWARES
+
+
+def _applied(settings: dict[str, object]) -> dict[str, object]:
+    crawler = get_crawler(Spider, settings)
+    crawler._apply_settings()
+    s = crawler.settings
+
+    def by_path(name: str) -> dict[str, int]:
+        # Keys may be import strings or classes; compare them as import paths.
+        out = {}
+        for key, order in s.getdict(name).items():
+            cls = load_object(key)
+            out[f"{cls.__module__}.{cls.__qualname__}"] = order
+        return out
+
+    return {
+        "SCHEDULER": s["SCHEDULER"],
+        "SPIDER_MIDDLEWARES": by_path("SPIDER_MIDDLEWARES"),
+        "DOWNLOADER_MIDDLEWARES": by_path("DOWNLOADER_MIDDLEWARES"),
+        "EXTENSIONS": by_path("EXTENSIONS"),
+    }
+
+
+def test_addon_enables_scheduler_and_middlewares() -> None:
+    got = _applied({"ADDONS": {"scrapy_banker.Addon": 500}})
+    assert got["SCHEDULER"] == SCHEDULER
+    assert SPIDER_MIDDLEWARES.items() <= got["SPIDER_MIDDLEWARES"].items()  # type: ignore[union-attr]
+    assert DOWNLOADER_MIDDLEWARES.items() <= got["DOWNLOADER_MIDDLEWARES"].items()  # type: ignore[union-attr]
+    assert EXTENSIONS.items() <= got["EXTENSIONS"].items()  # type: ignore[union-attr]
+
+
+def test_project_settings_win_over_the_addon() -> None:
+    mw = "scrapy_banker.middlewares.BankerTopicMiddleware"
+    got = _applied(
+        {
+            "ADDONS": {"scrapy_banker.Addon": 500},
+            "SCHEDULER": "scrapy.core.scheduler.Scheduler",
+            "SPIDER_MIDDLEWARES": {mw: 123},
+        }
+    )
+    assert got["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
+    assert got["SPIDER_MIDDLEWARES"][mw] == 123  # type: ignore[index]
+
+
+def test_disabled_addon_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        got = _applied({"ADDONS": {"scrapy_banker.Addon": 500}, "BANKER_ENABLED": False})
+    assert got["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
+    assert not any("scrapy_banker" in k for k in got["SPIDER_MIDDLEWARES"])  # type: ignore[union-attr]
+    assert "BANKER_ENABLED is False" in caplog.text
+
+
+def test_invalid_setting_fails_at_startup() -> None:
+    with pytest.raises(ValueError, match=r"BANKER_TOPICS\['news'\]='high'"):
+        _applied({"ADDONS": {"scrapy_banker.Addon": 500}, "BANKER_TOPICS": {"news": "high"}})
+
+
+def test_addon_importable_from_package_root() -> None:
+    import scrapy_banker
+    from scrapy_banker.addon import Addon
+
+    assert scrapy_banker.Addon is Addon
+    with pytest.raises(AttributeError):
+        _ = scrapy_banker.NoSuchThing  # type: ignore[attr-defined]

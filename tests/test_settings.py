@@ -1,0 +1,87 @@
+"""Every BANKER_* setting is validated at start-up with a message naming it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scrapy_banker.settings import DEFAULTS, load_config
+
+
+def test_defaults_load() -> None:
+    config = load_config({})
+    assert config.enabled is True
+    assert config.default_topic == "default"
+    assert config.topic_rules == ()
+    assert config.topic_priority("anything") == 0
+
+
+def test_topics_accept_int_and_dict_forms() -> None:
+    config = load_config({"BANKER_TOPICS": {"news": 10, "archive": {"priority": -5}}})
+    assert config.topic_priority("news") == 10
+    assert config.topic_priority("archive") == -5
+    assert config.topic_priority("products") == 0
+
+
+def test_topics_accept_json_from_command_line() -> None:
+    config = load_config({"BANKER_TOPICS": '{"news": 3}', "BANKER_ENABLED": "false"})
+    assert config.topic_priority("news") == 3
+    assert config.enabled is False
+
+
+def test_rules_first_match_wins_and_fall_back_to_default() -> None:
+    config = load_config(
+        {
+            "BANKER_TOPIC_RULES": [
+                {"url": r"/news/", "topic": "news"},
+                {"callback": "parse_product", "topic": "products"},
+                {"url": r"/archive/", "callback": "parse", "topic": "archive"},
+            ],
+            "BANKER_DEFAULT_TOPIC": "misc",
+        }
+    )
+    assert config.topic_for("http://a/news/1.html", "parse_product") == "news"
+    assert config.topic_for("http://a/x", "parse_product") == "products"
+    assert config.topic_for("http://a/archive/2", "parse") == "archive"
+    assert config.topic_for("http://a/archive/2", "other") == "misc"
+
+
+@pytest.mark.parametrize(
+    ("settings", "pattern"),
+    [
+        ({"BANKER_ENABLED": "maybe"}, r"BANKER_ENABLED='maybe'.*boolean"),
+        ({"BANKER_TOPICS": ["news"]}, r"BANKER_TOPICS=\['news'\].*dict of topic"),
+        ({"BANKER_TOPICS": "{not json"}, r"BANKER_TOPICS=.*not valid JSON"),
+        ({"BANKER_TOPICS": {"news": "high"}}, r"BANKER_TOPICS\['news'\]='high'.*integer"),
+        ({"BANKER_TOPICS": {"news": True}}, r"BANKER_TOPICS\['news'\]=True.*integer"),
+        ({"BANKER_TOPICS": {"bad name": 1}}, r"BANKER_TOPICS\['bad name'\].*topic name"),
+        ({"BANKER_TOPICS": {"news": {"prio": 1}}}, r"unknown key\(s\) \['prio'\]"),
+        ({"BANKER_TOPIC_RULES": {"url": "x"}}, r"BANKER_TOPIC_RULES=.*list"),
+        ({"BANKER_TOPIC_RULES": ["x"]}, r"BANKER_TOPIC_RULES\[0\]='x'"),
+        ({"BANKER_TOPIC_RULES": [{"url": "x"}]}, r"BANKER_TOPIC_RULES\[0\].*missing 'topic'"),
+        ({"BANKER_TOPIC_RULES": [{"topic": "t"}]}, r"needs 'url'"),
+        ({"BANKER_TOPIC_RULES": [{"url": "(", "topic": "t"}]}, r"not a valid regular expr"),
+        ({"BANKER_TOPIC_RULES": [{"url": "x", "topic": "t", "x": 1}]}, r"unknown key"),
+        ({"BANKER_TOPIC_RULES": [{"callback": "a b", "topic": "t"}]}, r"method name"),
+        ({"BANKER_DEFAULT_TOPIC": ""}, r"BANKER_DEFAULT_TOPIC=''.*topic name"),
+        ({"BANKER_STATS_FILE": 3}, r"BANKER_STATS_FILE=3.*path"),
+        ({"BANKER_FARM_DOMAIN": "Farm Test"}, r"BANKER_FARM_DOMAIN='Farm Test'.*DNS suffix"),
+    ],
+)
+def test_invalid_values_name_setting_value_and_allowed(
+    settings: dict[str, Any], pattern: str
+) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        load_config(settings)
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "settings.rst").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\.\. setting:: (BANKER_\w+)$", doc, flags=re.M))
+    assert documented == set(DEFAULTS)
+    for name in DEFAULTS:
+        section = doc.split(f".. setting:: {name}\n", 1)[1].split(".. setting::", 1)[0]
+        assert "Default:" in section, f"{name} has no documented default"

@@ -40,8 +40,9 @@ class BankerStatsFile:
         if not config.enabled or not config.stats_file:
             raise NotConfigured("BANKER_STATS_FILE is not set")
         ext = cls(crawler, config.stats_file)
-        # Low priority: run after CoreStats has filled finish_time/finish_reason.
-        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed, priority=-1000)
+        # Receivers run in connection order and extensions are built in EXTENSIONS
+        # order, so CoreStats (order 0) has already set finish_time/finish_reason.
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         return ext
 
     def spider_closed(self, spider: Spider, reason: str) -> None:

@@ -108,9 +108,7 @@ def _as_bool(name: str, value: Any) -> bool:
 
 def _as_topic_name(name: str, value: Any) -> str:
     if not isinstance(value, str) or not _TOPIC_NAME_RE.match(value):
-        raise _bad(
-            name, value, "a topic name is 1-64 characters of letters, digits, '_', '.', '-'"
-        )
+        raise _bad(name, value, "a topic name is 1-64 characters of letters, digits, '_', '.', '-'")
     return value
 
 
@@ -171,7 +169,9 @@ def _parse_rules(value: Any) -> tuple[TopicRule, ...]:
             raise _bad(where, raw, 'expected a dict like {"url": "/news/", "topic": "news"}')
         unknown = set(raw) - _RULE_KEYS
         if unknown:
-            raise _bad(where, raw, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}")
+            raise _bad(
+                where, raw, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}"
+            )
         if "topic" not in raw:
             raise _bad(where, raw, "missing 'topic'")
         if "url" not in raw and "callback" not in raw:
@@ -200,12 +200,16 @@ def load_config(settings: SettingsLike) -> BankerConfig:
         raise _bad("BANKER_STATS_FILE", stats_file, "expected a file path string or None")
     domain = _get(settings, "BANKER_FARM_DOMAIN")
     if not isinstance(domain, str) or not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", domain):
-        raise _bad("BANKER_FARM_DOMAIN", domain, "expected a lower-case DNS suffix like 'farm.test'")
+        raise _bad(
+            "BANKER_FARM_DOMAIN", domain, "expected a lower-case DNS suffix like 'farm.test'"
+        )
     return BankerConfig(
         enabled=_as_bool("BANKER_ENABLED", _get(settings, "BANKER_ENABLED")),
         topic_priorities=_parse_topics(_get(settings, "BANKER_TOPICS")),
         topic_rules=_parse_rules(_get(settings, "BANKER_TOPIC_RULES")),
-        default_topic=_as_topic_name("BANKER_DEFAULT_TOPIC", _get(settings, "BANKER_DEFAULT_TOPIC")),
+        default_topic=_as_topic_name(
+            "BANKER_DEFAULT_TOPIC", _get(settings, "BANKER_DEFAULT_TOPIC")
+        ),
         stats_file=stats_file,
         farm_domain=domain,
     )

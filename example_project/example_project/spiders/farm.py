@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,7 +31,9 @@ class FarmSpider(scrapy.Spider):
         self.port = int(port)
         self.hosts = int(hosts)
         self.domain = domain
-        self.links = LinkExtractor(allow_domains=[domain], unique=True)
+        # allow_domains would not match: Scrapy compares it with host:port.
+        host_re = rf"^https?://[a-z0-9-]+\.{re.escape(domain)}(:\d+)?/"
+        self.links = LinkExtractor(allow=[host_re], unique=True)
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
         for i in range(self.hosts):

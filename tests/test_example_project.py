@@ -1,0 +1,95 @@
+"""Real `scrapy crawl` runs of example_project against the local web farm."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT / "example_project"
+HOSTS = 6
+
+
+@pytest.fixture(scope="module")
+def farm() -> WebFarm:
+    with WebFarm(FarmConfig(seed=7, hosts=HOSTS, total_pages=240, latency_ms=2.0)) as f:
+        yield f
+
+
+def _crawl(farm: WebFarm, tmp: Path, *settings: str) -> tuple[dict[str, object], list[dict]]:
+    farm.reset()
+    stats_file, items_file = tmp / "stats.json", tmp / "items.jsonl"
+    cmd = [
+        sys.executable, "-m", "scrapy", "crawl", "farm",
+        "-a", f"port={farm.port}", "-a", f"hosts={HOSTS}",
+        "-s", f"BANKER_STATS_FILE={stats_file}", "-s", "LOG_LEVEL=WARNING",
+        "-O", str(items_file),
+    ]  # fmt: skip
+    for s in settings:
+        cmd += ["-s", s]
+    proc = subprocess.run(cmd, cwd=PROJECT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    items = [json.loads(line) for line in items_file.read_text().splitlines()]
+    return json.loads(stats_file.read_text()), items
+
+
+def _topic(url: str) -> str:
+    first = urlsplit(url).path.strip("/").split("/")[0]
+    return first if first in {"news", "archive", "products"} else "index"
+
+
+def test_banker_crawl_fetches_every_page_once_with_topic_stats(
+    farm: WebFarm, tmp_path: Path
+) -> None:
+    stats, items = _crawl(farm, tmp_path)
+    expected = farm.expected_urls()
+    fetched = [item["url"] for item in items]
+    assert set(fetched) == expected
+    assert len(fetched) == len(expected)  # each page once
+    server = farm.stats(urls=True)
+    assert set(server["fetches"]) == expected
+    assert set(server["fetches"].values()) == {1}
+    # Topics come from BANKER_TOPIC_RULES and agree with the URL paths.
+    assert all(item["topic"] == _topic(item["url"]) for item in items)
+    per_topic = Counter(_topic(u) for u in expected)
+    for topic, count in per_topic.items():
+        assert stats[f"banker/topic/{topic}/responses"] == count
+        assert stats[f"banker/topic/{topic}/dequeued"] == count
+    assert stats["finish_reason"] == "finished"
+    assert stats.get("log_count/ERROR", 0) == 0
+
+
+def test_default_scheduler_fetches_the_same_pages(farm: WebFarm, tmp_path: Path) -> None:
+    _, banker_items = _crawl(farm, tmp_path / "banker")
+    stats, default_items = _crawl(
+        farm,
+        tmp_path / "default",
+        "ADDONS={}",
+        'EXTENSIONS={"scrapy_banker.extensions.BankerStatsFile": 500}',
+    )
+    assert {i["url"] for i in default_items} == {i["url"] for i in banker_items}
+    # Without the add-on no banker component ran.
+    assert not [k for k in stats if k.startswith("banker/")]
+
+
+def test_demo_prints_summary() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(PROJECT / "run_demo.py"), "--hosts", "4", "--pages", "80",
+         "--latency-ms", "0"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "scrapy-banker demo summary" in proc.stdout
+    line = next(ln for ln in proc.stdout.splitlines() if "pages fetched" in ln)
+    fetched, total = int(line.split()[2]), int(line.split()[4])
+    assert fetched == total > 0
+    assert "news" in proc.stdout and "pages/s" in proc.stdout

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy.resolver import CachingThreadedResolver
 from twisted.internet import defer
 
+from scrapy_banker.settings import load_config
+
 if TYPE_CHECKING:
     from twisted.internet.base import ReactorBase
     from twisted.internet.defer import Deferred
@@ -38,8 +40,6 @@ __all__ = [
 
 DEFAULT_FARM_DOMAIN = "farm.test"
 FARM_ADDRESS = "127.0.0.1"
-#: Scrapy setting naming the farm's domain (default :data:`DEFAULT_FARM_DOMAIN`).
-DOMAIN_SETTING = "BANKER_FARM_DOMAIN"
 
 
 class FarmResolver(CachingThreadedResolver):
@@ -67,8 +67,9 @@ class FarmResolver(CachingThreadedResolver):
         # like the parent we only touch ``crawler.settings``.
         settings = crawler.settings
         cache_size = settings.getint("DNSCACHE_SIZE") if settings.getbool("DNSCACHE_ENABLED") else 0
-        domain = settings.get(DOMAIN_SETTING) or DEFAULT_FARM_DOMAIN
-        return cls(reactor, cache_size, settings.getfloat("DNS_TIMEOUT"), domain=str(domain))
+        # Validated like every BANKER_* setting: a bad suffix fails at start-up.
+        domain = load_config(settings).farm_domain
+        return cls(reactor, cache_size, settings.getfloat("DNS_TIMEOUT"), domain=domain)
 
     def is_farm_host(self, name: str) -> bool:
         host = name.rstrip(".").lower()

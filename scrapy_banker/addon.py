@@ -23,7 +23,10 @@ SCHEDULER = "scrapy_banker.scheduler.BankerScheduler"
 #: attempts included.
 SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
 DOWNLOADER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerDownloaderMiddleware": 860}
-EXTENSIONS = {"scrapy_banker.extensions.BankerStatsFile": 500}
+EXTENSIONS = {
+    "scrapy_banker.extensions.BankerStatsFile": 500,
+    "scrapy_banker.extensions.BankerTopicAdjuster": 500,
+}
 
 
 class Addon:

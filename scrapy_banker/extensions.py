@@ -1,4 +1,4 @@
-"""Extensions: export of the crawl's final stats."""
+"""Extensions: export of the final stats, and the topic slice adjuster."""
 
 from __future__ import annotations
 
@@ -57,3 +57,85 @@ class BankerStatsFile:
             json.dump(stats, f, indent=1, sort_keys=True, default=str)
         os.replace(tmp, self.path)
         logger.info("Wrote final stats to %s", self.path)
+
+
+def _looping_call(func: Any) -> Any:
+    try:  # Scrapy >= 2.14 also works without a Twisted reactor
+        from scrapy.utils.asyncio import create_looping_call
+    except ImportError:  # pragma: no cover - Scrapy 2.13
+        from twisted.internet.task import LoopingCall
+
+        return LoopingCall(func)
+    return create_looping_call(func)
+
+
+class BankerTopicAdjuster:
+    """PQ-MCSA's background daemon: shrink the slice of topics that met their yield target.
+
+    Every ``BANKER_TOPIC_ADJUST_INTERVAL`` seconds it reads each topic's yield
+    in the period (responses + items, from the ``banker/topic/<t>/...`` stats)
+    and hands it to :meth:`TopicScheduler.adjust
+    <scrapy_banker.topics.TopicScheduler.adjust>`: a topic that met its
+    ``target`` gives up a slice step so equal-priority topics that lag get more
+    turns; a topic that fell behind gets it back.
+    """
+
+    def __init__(self, crawler: Crawler, interval: float):
+        assert crawler.stats is not None
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.interval = interval
+        self._last: dict[str, int] = {}
+        self._task: Any = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        config = load_config(crawler.settings)
+        if not config.enabled:
+            raise NotConfigured("BANKER_ENABLED is False")
+        if not config.topic_adjust_interval:
+            raise NotConfigured("BANKER_TOPIC_ADJUST_INTERVAL is 0")
+        if not any(spec.target is not None for spec in config.topics.values()):
+            raise NotConfigured("no topic in BANKER_TOPICS has a 'target'")
+        ext = cls(crawler, config.topic_adjust_interval)
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        return ext
+
+    def spider_opened(self, spider: Spider) -> None:
+        self._task = _looping_call(self.adjust)
+        self._task.start(self.interval, now=False)
+
+    def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._task is not None and self._task.running:
+            self._task.stop()
+
+    def _scheduler(self) -> Any:
+        engine = self.crawler.engine
+        scheduler = getattr(engine, "scheduler", None)
+        if scheduler is None:  # Scrapy 2.13 has no engine.scheduler
+            slot = getattr(engine, "slot", None) or getattr(engine, "_slot", None)
+            scheduler = getattr(slot, "scheduler", None)
+        return scheduler
+
+    def adjust(self) -> dict[str, float] | None:
+        scheduler = self._scheduler()
+        topics = getattr(scheduler, "topics", None)
+        if topics is None:
+            logger.warning("BankerTopicAdjuster needs BankerScheduler; slices are not adjusted")
+            self.spider_closed(self.crawler.spider, "no banker scheduler")  # type: ignore[arg-type]
+            return None
+        yields: dict[str, int] = {}
+        for state in topics:
+            name = state.name
+            total = int(self.stats.get_value(f"banker/topic/{name}/responses", 0)) + int(
+                self.stats.get_value(f"banker/topic/{name}/items", 0)
+            )
+            yields[name] = total - self._last.get(name, 0)
+            self._last[name] = total
+        slices: dict[str, float] = topics.adjust(yields)
+        for name, value in slices.items():
+            self.stats.set_value(f"banker/topic/{name}/slice_s", round(value, 3))
+        self.stats.inc_value("banker/topic_adjuster/runs")
+        logger.debug("Topic yields %s -> slices %s", yields, slices)
+        return slices

@@ -19,19 +19,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-META_TOPIC_PRIORITY = "banker_topic_priority"
-
 
 class BankerTopicMiddleware(BaseSpiderMiddleware):
-    """Tag every request the spider yields with its topic and topic priority.
+    """Tag every request the spider yields with its topic.
 
-    Tagging at the spider output (rather than in the scheduler) means the topic
-    is visible to every later component -- downloader middlewares, pipelines via
-    ``response.meta`` -- and ``BANKER_TOPIC_RULES`` can match on the callback
-    that will handle the response.  The topic priority from ``BANKER_TOPICS`` is
-    added to ``request.priority`` exactly once (the amount is recorded in
-    ``meta["banker_topic_priority"]``, which retries and redirects copy), so a
-    higher-priority topic is served first by any priority-respecting scheduler.
+    Tagging at the spider output (rather than only in the scheduler) means the
+    topic is visible to every later component -- downloader middlewares,
+    pipelines via ``response.meta`` -- and ``BANKER_TOPIC_RULES`` can match on
+    the callback that will handle the response.  Topic priorities are applied
+    by :class:`~scrapy_banker.scheduler.BankerScheduler`; ``request.priority``
+    is left to the spider.
     """
 
     def __init__(self, crawler: Crawler):
@@ -48,13 +45,15 @@ class BankerTopicMiddleware(BaseSpiderMiddleware):
 
     def get_processed_request(self, request: Request, response: Response | None) -> Request:
         topic = request_topic(request, self.config, self.stats)
-        if META_TOPIC_PRIORITY not in request.meta:
-            bonus = self.config.topic_priority(topic)
-            request.meta[META_TOPIC_PRIORITY] = bonus
-            if bonus:
-                request.priority += bonus
-            self.stats.inc_value(f"banker/topic/{topic}/requests")
+        self.stats.inc_value(f"banker/topic/{topic}/requests")
         return request
+
+    def get_processed_item(self, item: Any, response: Response | None) -> Any:
+        # Items count towards the topic's yield, which the slice adjuster reads.
+        if response is not None and response.request is not None:
+            topic = request_topic(response.request, self.config, self.stats)
+            self.stats.inc_value(f"banker/topic/{topic}/items")
+        return item
 
 
 class BankerDownloaderMiddleware:

@@ -1,54 +1,341 @@
 """``BankerScheduler``: the scheduler users put in ``SCHEDULER``.
 
-This first version keeps Scrapy's own frontier (priority queues, JOBDIR disk
-queues, dupefilter) untouched and adds per-topic accounting on top of it, so
-that enabling scrapy-banker never changes *what* a crawl fetches.  The hashed
-multi-queue frontier with topic time slices replaces the queue internals
-behind the same class and settings.
+A thin adapter: Scrapy requests in, the pure cores decide.  A request gets a
+topic (:mod:`scrapy_banker._topic`), a download slot (the downloader's own
+key, so politeness is Scrapy's), a queue key and its hash
+(:mod:`scrapy_banker.hashing`); the :class:`~scrapy_banker.frontier.Frontier`
+queues it, the :class:`~scrapy_banker.topics.TopicScheduler` picks the topic
+to serve and the :class:`~scrapy_banker.directory.ExtendibleDirectory` files
+its key into a bucket.  With ``JOBDIR`` the pending requests are written as
+JSON (never pickle), one file per directory bucket, on a clean stop.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import TYPE_CHECKING
+import os
+import shutil
+import time
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, TextIO
 
-from scrapy.core.scheduler import Scheduler
+from scrapy import signals
+from scrapy.core.scheduler import BaseScheduler, Scheduler
+from scrapy.utils.job import job_dir
+from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_banker._topic import request_topic
+from scrapy_banker.directory import ExtendibleDirectory
+from scrapy_banker.frontier import Frontier
+from scrapy_banker.hashing import bkdr, key_policy, murmur
+from scrapy_banker.serialize import MalformedPayload, RequestCodec, UnserializableRequest
 from scrapy_banker.settings import BankerConfig, load_config
+from scrapy_banker.topics import TopicScheduler
 
 if TYPE_CHECKING:
-    from scrapy import Request
+    from scrapy import Request, Spider
     from scrapy.crawler import Crawler
-    from typing_extensions import Self
+    from scrapy.dupefilters import BaseDupeFilter
+    from scrapy.statscollectors import StatsCollector
+    from twisted.internet.defer import Deferred
 
 logger = logging.getLogger(__name__)
 
+STATE_VERSION = 1
 
-class BankerScheduler(Scheduler):
-    """Scrapy's scheduler plus ``banker/topic/<name>/enqueued|dequeued`` stats."""
 
-    config: BankerConfig
+class BankerScheduler(BaseScheduler):
+    """Topic-aware, download-slot-aware frontier with an extendible-hash directory."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        config: BankerConfig,
+        dupefilter: BaseDupeFilter,
+        jobdir: str | None = None,
+    ) -> None:
+        assert crawler.stats is not None
+        self.crawler = crawler
+        self.config = config
+        self.df = dupefilter
+        self.stats: StatsCollector = crawler.stats
+        self.jobdir = jobdir
+        self.codec = RequestCodec(config.serialize_allowed_classes)
+        self.clock = time.monotonic
+        self.topics = TopicScheduler(
+            config.topics.values(),
+            default_slice_s=config.topic_slice,
+            min_slice_s=config.topic_min_slice,
+            slice_step_s=config.topic_slice_step,
+            max_wait_s=config.topic_max_wait,
+        )
+        self.directory: ExtendibleDirectory[str] = ExtendibleDirectory(
+            capacity=config.bucket_capacity,
+            max_depth=config.directory_max_depth,
+            cache_capacity=config.cache_bucket_size,
+        )
+        self.frontier: Frontier[Request] = Frontier(self.topics, self.directory)
+        key_of = key_policy(config.queue_key)
+        hash_fn = bkdr if config.queue_hash == "bkdr" else murmur
+        # Hosts repeat: hashing each distinct key once keeps enqueue O(1).
+        self._key_hash = lru_cache(maxsize=1 << 16)(lambda url_key: hash_fn(url_key))
+        self._key_of = key_of
+        self.spider: Spider | None = None
+        self._downloader: Any = None
 
     @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        # Validate BANKER_* before anything else so a typo fails the start-up,
-        # not the first request that needs the setting.
+    def from_crawler(cls, crawler: Crawler) -> BaseScheduler:  # type: ignore[override]
         config = load_config(crawler.settings)
-        scheduler = super().from_crawler(crawler)
-        scheduler.config = config
-        return scheduler
+        if not config.enabled:
+            # Disabled means "exactly what Scrapy would do".
+            logger.info("BANKER_ENABLED is False: using Scrapy's default scheduler")
+            return Scheduler.from_crawler(crawler)
+        settings = crawler.settings
+        dupefilter_cls = load_object(settings["DUPEFILTER_CLASS"])
+        dupefilter = build_from_crawler(dupefilter_cls, crawler)
+        return cls(crawler, config, dupefilter, jobdir=job_dir(settings))
+
+    # -- BaseScheduler contract ---------------------------------------------------
+
+    def open(self, spider: Spider) -> Deferred[None] | None:
+        self.spider = spider
+        try:
+            engine = self.crawler.engine
+        except RuntimeError:  # Scrapy >= 2.14 raises when there is no engine yet
+            engine = None
+        self._downloader = getattr(engine, "downloader", None)
+        self.crawler.signals.connect(
+            self._request_left_downloader, signal=signals.request_left_downloader
+        )
+        if self.jobdir:
+            self._restore()
+        return self.df.open()
+
+    def close(self, reason: str) -> Deferred[None] | None:
+        self.crawler.signals.disconnect(
+            self._request_left_downloader, signal=signals.request_left_downloader
+        )
+        if self.jobdir:
+            self._save()
+        self._publish_stats()
+        return self.df.close(reason)
+
+    def has_pending_requests(self) -> bool:
+        return len(self.frontier) > 0
+
+    def __len__(self) -> int:
+        return len(self.frontier)
 
     def enqueue_request(self, request: Request) -> bool:
-        queued = super().enqueue_request(request)
-        if queued and self.config.enabled and self.stats is not None:
-            topic = request_topic(request, self.config, self.stats)
-            self.stats.inc_value(f"banker/topic/{topic}/enqueued")
-        return queued
+        if not request.dont_filter and self.df.request_seen(request):
+            self.df.log(request, self.spider)  # type: ignore[arg-type]
+            return False
+        topic = request_topic(request, self.config, self.stats)
+        key = self._key_of(request.url)
+        self.frontier.push(
+            request,
+            topic=topic,
+            slot=self._slot_key(request),
+            key=key,
+            key_hash=self._key_hash(key),
+            priority=request.priority,
+            now=self.clock(),
+        )
+        self.stats.inc_value("scheduler/enqueued/memory")
+        self.stats.inc_value("scheduler/enqueued")
+        self.stats.inc_value(f"banker/topic/{topic}/enqueued")
+        return True
 
     def next_request(self) -> Request | None:
-        request = super().next_request()
-        if request is not None and self.config.enabled and self.stats is not None:
-            topic = request_topic(request, self.config, self.stats)
-            self.stats.inc_value(f"banker/topic/{topic}/dequeued")
-        return request
+        now = self.clock()
+        entry = self.frontier.pop(self._is_free, now)
+        # Nothing in flight can free a slot, so a wake-up was missed (e.g. a
+        # middleware changed download_slot): re-check every parked lane.
+        if (
+            entry is None
+            and len(self.frontier)
+            and self._downloader_idle()
+            and self.frontier.unblock_all()
+        ):
+            entry = self.frontier.pop(self._is_free, now)
+        if entry is None:
+            return None
+        self.stats.inc_value("scheduler/dequeued/memory")
+        self.stats.inc_value("scheduler/dequeued")
+        self.stats.inc_value(f"banker/topic/{entry.topic}/dequeued")
+        return entry.item
+
+    # -- downloader view ---------------------------------------------------------------
+
+    def _slot_key(self, request: Request) -> str:
+        if self._downloader is not None:
+            return str(self._downloader.get_slot_key(request))
+        return self._key_of(request.url)
+
+    def _is_free(self, slot_key: str) -> bool:
+        if self._downloader is None:
+            return True
+        slot = self._downloader.slots.get(slot_key)
+        return slot is None or len(slot.active) < slot.concurrency
+
+    def _downloader_idle(self) -> bool:
+        if self._downloader is None:
+            return True
+        active = getattr(self._downloader, "active", None)
+        return active is not None and not active
+
+    def _request_left_downloader(self, request: Request, spider: Spider | None = None) -> None:
+        self.frontier.slot_freed(self._slot_key(request))
+
+    # -- stats -----------------------------------------------------------------------------
+
+    def _publish_stats(self) -> None:
+        d = self.directory
+        self.stats.set_value("banker/queue/buckets", d.n_buckets)
+        self.stats.set_value("banker/queue/global_depth", d.global_depth)
+        self.stats.set_value("banker/queue/splits", d.splits)
+        self.stats.set_value("banker/queue/merges", d.merges)
+        self.stats.set_value("banker/queue/blocked_skips", self.frontier.blocked_skips)
+        self.stats.set_value("banker/queue/unblock_sweeps", self.frontier.unblock_sweeps)
+        for state in self.topics:
+            prefix = f"banker/topic/{state.name}"
+            self.stats.set_value(f"{prefix}/max_wait_s", round(state.max_wait_s, 3))
+            self.stats.set_value(f"{prefix}/slice_s", round(state.slice_total, 3))
+            self.stats.set_value(f"{prefix}/preempted", state.preempted)
+            self.stats.set_value(f"{prefix}/starvation_rescues", state.starvation_rescues)
+
+    # -- JOBDIR ----------------------------------------------------------------------------
+
+    def _dir(self) -> str:
+        assert self.jobdir is not None
+        return os.path.join(self.jobdir, "banker")
+
+    def _deadletter_path(self) -> str:
+        # Outside the banker/ directory, which every clean stop replaces.
+        assert self.jobdir is not None
+        return os.path.join(self.jobdir, "banker-deadletter.jsonl")
+
+    def _save(self) -> None:
+        """Write pending requests and state; atomic, so a crash keeps the last good copy."""
+        final = self._dir()
+        tmp = final + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(os.path.join(tmp, "queues"))
+        files: dict[int, TextIO] = {}
+        saved = unserializable = 0
+        try:
+            for entry in self.frontier.entries():
+                try:
+                    payload = self.codec.encode(entry.item, self.spider)
+                except UnserializableRequest as exc:
+                    unserializable += 1
+                    logger.error(
+                        "Cannot persist %s to JOBDIR, it will not resume: %s", entry.item, exc
+                    )
+                    with open(self._deadletter_path(), "a", encoding="utf-8") as dl:
+                        dl.write(json.dumps({"url": entry.item.url, "method": entry.item.method,
+                                            "error": str(exc), "when": "save"}) + "\n")  # fmt: skip
+                    continue
+                bucket = self.directory.bucket_of(entry.key)
+                out = files.get(bucket)
+                if out is None:
+                    path = os.path.join(tmp, "queues", f"{bucket}.jsonl")
+                    out = files[bucket] = open(path, "w", encoding="utf-8")  # noqa: SIM115
+                line = {
+                    "request": json.loads(payload),
+                    "topic": entry.topic,
+                    "slot": entry.slot,
+                    "key": entry.key,
+                    "hash": entry.key_hash,
+                    "priority": entry.priority,
+                    "seq": entry.seq,
+                }
+                out.write(json.dumps(line, separators=(",", ":")) + "\n")
+                saved += 1
+        finally:
+            for out in files.values():
+                out.close()
+        state = {
+            "version": STATE_VERSION,
+            "pending": saved,
+            "topics": self.topics.to_state(),
+            "directory": self.directory.to_state() if not unserializable else None,
+        }
+        with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as f:
+            json.dump(state, f)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        self.stats.set_value("banker/jobdir/saved", saved)
+        if unserializable:
+            self.stats.set_value("banker/jobdir/unserializable", unserializable)
+        logger.info("Saved %d pending requests to %s", saved, final)
+
+    def _restore(self) -> None:
+        base = self._dir()
+        state_path = os.path.join(base, "state.json")
+        if not os.path.exists(state_path):
+            return
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"{state_path}: unsupported state version {state.get('version')!r} "
+                f"(this scrapy-banker writes version {STATE_VERSION})"
+            )
+        self.topics.restore(state["topics"])
+        count_load = True
+        if state.get("directory") is not None:
+            self.directory = ExtendibleDirectory.from_state(state["directory"])
+            self.frontier.directory = self.directory
+            count_load = False
+        restored = malformed = 0
+        queues = os.path.join(base, "queues")
+        deadletter = self._deadletter_path()
+        now = self.clock()
+        for name in sorted(os.listdir(queues)) if os.path.isdir(queues) else []:
+            with open(os.path.join(queues, name), encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    try:
+                        rec = json.loads(line)
+                        request = self.codec.decode(json.dumps(rec["request"]), self.spider)
+                        self.frontier.push(
+                            request,
+                            topic=str(rec["topic"]),
+                            slot=self._slot_key(request),
+                            key=str(rec["key"]),
+                            key_hash=int(rec["hash"]),
+                            priority=int(rec["priority"]),
+                            now=now,
+                            seq=int(rec["seq"]),
+                            count_load=count_load,
+                        )
+                        restored += 1
+                    except (ValueError, KeyError, TypeError, MalformedPayload) as exc:
+                        malformed += 1
+                        logger.error(
+                            "Skipping malformed JOBDIR entry %s:%d (%s); kept in %s",
+                            name, lineno, exc, deadletter,
+                        )  # fmt: skip
+                        with open(deadletter, "a", encoding="utf-8") as dl:
+                            dl.write(json.dumps({"file": name, "line": lineno, "error": str(exc),
+                                                 "payload": line.rstrip("\n"),
+                                                 "when": "restore"}) + "\n")  # fmt: skip
+        if malformed and not count_load:
+            # The saved directory counted the skipped entries: rebuild loads from what is queued.
+            self._rebuild_directory()
+        self.stats.set_value("banker/jobdir/restored", restored)
+        if malformed:
+            self.stats.set_value("banker/jobdir/malformed", malformed)
+        logger.info("Resumed %d pending requests from %s", restored, base)
+
+    def _rebuild_directory(self) -> None:
+        fresh: ExtendibleDirectory[str] = ExtendibleDirectory(
+            capacity=self.config.bucket_capacity,
+            max_depth=self.config.directory_max_depth,
+            cache_capacity=self.config.cache_bucket_size,
+        )
+        for entry in self.frontier.entries():
+            fresh.add(entry.key, entry.key_hash, 1)
+        self.directory = fresh
+        self.frontier.directory = fresh

@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from scrapy_banker.hashing import KEY_POLICIES
+from scrapy_banker.topics import TopicSpec
+
 __all__ = [
     "DEFAULTS",
     "BankerConfig",
@@ -33,13 +36,33 @@ class SettingsLike(Protocol):
 DEFAULTS: dict[str, Any] = {
     # Master switch: every scrapy-banker component raises NotConfigured when False.
     "BANKER_ENABLED": True,
-    # Topic name -> priority (int) or {"priority": int}. Higher runs first.
+    # Topic name -> priority (int) or {"priority": int, "slice": s, "target": n}.
     "BANKER_TOPICS": {},
     # Ordered rules tagging requests with a topic: {"url": regex, "topic": name}
     # or {"callback": method name, "topic": name}; the first match wins.
     "BANKER_TOPIC_RULES": [],
     # Topic of a request that has no banker_topic meta and matches no rule.
     "BANKER_DEFAULT_TOPIC": "default",
+    # Default time slice (seconds) of a topic's turn among equal priorities (ST).
+    "BANKER_TOPIC_SLICE": 1.0,
+    # Floor and step of the slice adjuster.
+    "BANKER_TOPIC_MIN_SLICE": 0.1,
+    "BANKER_TOPIC_SLICE_STEP": 0.1,
+    # Seconds between two runs of the slice adjuster; 0 disables it.
+    "BANKER_TOPIC_ADJUST_INTERVAL": 10.0,
+    # Starvation bound: a topic with pending work waits at most this many seconds.
+    "BANKER_TOPIC_MAX_WAIT": 30.0,
+    # What part of the URL is a request's queue key: host, surt, domain or url.
+    "BANKER_QUEUE_KEY": "host",
+    # Hash of the queue key: bkdr (the paper's, seed 131) or mmh3.
+    "BANKER_QUEUE_HASH": "bkdr",
+    # Extendible-hash directory: bucket load that triggers a split, depth cap,
+    # and size of the in-memory cache bucket for overflow records.
+    "BANKER_BUCKET_CAPACITY": 1024,
+    "BANKER_DIRECTORY_MAX_DEPTH": 16,
+    "BANKER_CACHE_BUCKET_SIZE": 4096,
+    # Request classes (import paths) allowed back from JOBDIR besides Scrapy's own.
+    "BANKER_SERIALIZE_ALLOWED_CLASSES": [],
     # Path of a JSON file the stats exporter writes when the spider closes.
     "BANKER_STATS_FILE": None,
     # Domain suffix that scrapy_banker.testing.resolver.FarmResolver maps to 127.0.0.1.
@@ -47,7 +70,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_TOPIC_KEYS = frozenset({"priority"})
+_TOPIC_KEYS = frozenset({"priority", "slice", "target"})
 _RULE_KEYS = frozenset({"url", "callback", "topic"})
 
 
@@ -70,14 +93,26 @@ class BankerConfig:
     """Validated view of the ``BANKER_*`` settings."""
 
     enabled: bool = True
-    topic_priorities: Mapping[str, int] = field(default_factory=dict)
+    topics: Mapping[str, TopicSpec] = field(default_factory=dict)
     topic_rules: tuple[TopicRule, ...] = ()
     default_topic: str = "default"
+    topic_slice: float = 1.0
+    topic_min_slice: float = 0.1
+    topic_slice_step: float = 0.1
+    topic_adjust_interval: float = 10.0
+    topic_max_wait: float = 30.0
+    queue_key: str = "host"
+    queue_hash: str = "bkdr"
+    bucket_capacity: int = 1024
+    directory_max_depth: int = 16
+    cache_bucket_size: int = 4096
+    serialize_allowed_classes: tuple[str, ...] = ()
     stats_file: str | None = None
     farm_domain: str = "farm.test"
 
     def topic_priority(self, topic: str) -> int:
-        return self.topic_priorities.get(topic, 0)
+        spec = self.topics.get(topic)
+        return spec.priority if spec is not None else 0
 
     def topic_for(self, url: str, callback_name: str | None) -> str:
         """Topic of a request with no explicit ``banker_topic`` meta."""
@@ -123,7 +158,26 @@ def _as_int(name: str, value: Any) -> int:
     return value
 
 
-def _parse_topics(value: Any) -> dict[str, int]:
+def _as_float(name: str, value: Any, minimum: float, *, strict: bool = True) -> float:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _bad(name, value, "expected a number") from None
+    if number != number or (number <= minimum if strict else number < minimum):
+        raise _bad(name, value, f"expected a number {'>' if strict else '>='} {minimum}")
+    return number
+
+
+def _as_positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    number = _as_int(name, value)
+    if number < minimum:
+        raise _bad(name, value, f"expected an integer >= {minimum}")
+    return number
+
+
+def _parse_topics(value: Any, default_slice: float) -> dict[str, TopicSpec]:
     name = "BANKER_TOPICS"
     if isinstance(value, str):
         # Command line form: -s BANKER_TOPICS='{"news": 10}' arrives as a str.
@@ -135,19 +189,24 @@ def _parse_topics(value: Any) -> dict[str, int]:
             raise _bad(name, value, f"not valid JSON ({exc})") from None
     if not isinstance(value, Mapping):
         raise _bad(name, value, 'expected a dict of topic -> priority, e.g. {"news": 10}')
-    out: dict[str, int] = {}
+    out: dict[str, TopicSpec] = {}
     for topic, spec in value.items():
-        _as_topic_name(f"{name}[{topic!r}]", topic)
-        if isinstance(spec, Mapping):
-            unknown = set(spec) - _TOPIC_KEYS
-            if unknown:
-                raise _bad(
-                    f"{name}[{topic!r}]",
-                    spec,
-                    f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOPIC_KEYS)}",
-                )
-            spec = spec.get("priority", 0)
-        out[topic] = _as_int(f"{name}[{topic!r}]", spec)
+        where = f"{name}[{topic!r}]"
+        _as_topic_name(where, topic)
+        if not isinstance(spec, Mapping):
+            spec = {"priority": spec}
+        unknown = set(spec) - _TOPIC_KEYS
+        if unknown:
+            raise _bad(
+                where, spec, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOPIC_KEYS)}"
+            )
+        target = spec.get("target")
+        out[topic] = TopicSpec(
+            name=topic,
+            priority=_as_int(where, spec.get("priority", 0)),
+            slice_s=_as_float(f"{where}['slice']", spec.get("slice", default_slice), 0.0),
+            target=None if target is None else _as_positive_int(f"{where}['target']", target, 0),
+        )
     return out
 
 
@@ -203,9 +262,65 @@ def load_config(settings: SettingsLike) -> BankerConfig:
         raise _bad(
             "BANKER_FARM_DOMAIN", domain, "expected a lower-case DNS suffix like 'farm.test'"
         )
+    queue_key = _get(settings, "BANKER_QUEUE_KEY")
+    if queue_key not in KEY_POLICIES:
+        raise _bad("BANKER_QUEUE_KEY", queue_key, f"allowed: {sorted(KEY_POLICIES)}")
+    queue_hash = _get(settings, "BANKER_QUEUE_HASH")
+    if queue_hash not in ("bkdr", "mmh3"):
+        raise _bad("BANKER_QUEUE_HASH", queue_hash, "allowed: ['bkdr', 'mmh3']")
+    allowed = _get(settings, "BANKER_SERIALIZE_ALLOWED_CLASSES")
+    if isinstance(allowed, str):
+        allowed = [c for c in allowed.split(",") if c.strip()]
+    if not isinstance(allowed, (list, tuple)) or not all(isinstance(c, str) for c in allowed):
+        raise _bad(
+            "BANKER_SERIALIZE_ALLOWED_CLASSES", allowed, "expected a list of import path strings"
+        )
+    topic_slice = _as_float("BANKER_TOPIC_SLICE", _get(settings, "BANKER_TOPIC_SLICE"), 0.0)
+    min_slice = _as_float("BANKER_TOPIC_MIN_SLICE", _get(settings, "BANKER_TOPIC_MIN_SLICE"), 0.0)
+    if topic_slice < min_slice:
+        raise _bad(
+            "BANKER_TOPIC_SLICE", topic_slice, f"must be >= BANKER_TOPIC_MIN_SLICE ({min_slice})"
+        )
+    max_depth = _as_positive_int(
+        "BANKER_DIRECTORY_MAX_DEPTH", _get(settings, "BANKER_DIRECTORY_MAX_DEPTH"), 0
+    )
+    if max_depth > 24:
+        raise _bad("BANKER_DIRECTORY_MAX_DEPTH", max_depth, "expected an integer from 0 to 24")
+    topics = _parse_topics(_get(settings, "BANKER_TOPICS"), topic_slice)
+    for spec in topics.values():
+        if spec.slice_s < min_slice:
+            raise _bad(
+                f"BANKER_TOPICS[{spec.name!r}]['slice']",
+                spec.slice_s,
+                f"must be >= BANKER_TOPIC_MIN_SLICE ({min_slice})",
+            )
     return BankerConfig(
         enabled=_as_bool("BANKER_ENABLED", _get(settings, "BANKER_ENABLED")),
-        topic_priorities=_parse_topics(_get(settings, "BANKER_TOPICS")),
+        topics=topics,
+        topic_slice=topic_slice,
+        topic_min_slice=min_slice,
+        topic_slice_step=_as_float(
+            "BANKER_TOPIC_SLICE_STEP", _get(settings, "BANKER_TOPIC_SLICE_STEP"), 0.0
+        ),
+        topic_adjust_interval=_as_float(
+            "BANKER_TOPIC_ADJUST_INTERVAL",
+            _get(settings, "BANKER_TOPIC_ADJUST_INTERVAL"),
+            0.0,
+            strict=False,
+        ),
+        topic_max_wait=_as_float(
+            "BANKER_TOPIC_MAX_WAIT", _get(settings, "BANKER_TOPIC_MAX_WAIT"), 0.0
+        ),
+        queue_key=queue_key,
+        queue_hash=queue_hash,
+        bucket_capacity=_as_positive_int(
+            "BANKER_BUCKET_CAPACITY", _get(settings, "BANKER_BUCKET_CAPACITY")
+        ),
+        directory_max_depth=max_depth,
+        cache_bucket_size=_as_positive_int(
+            "BANKER_CACHE_BUCKET_SIZE", _get(settings, "BANKER_CACHE_BUCKET_SIZE"), 0
+        ),
+        serialize_allowed_classes=tuple(c.strip() for c in allowed),
         topic_rules=_parse_rules(_get(settings, "BANKER_TOPIC_RULES")),
         default_topic=_as_topic_name(
             "BANKER_DEFAULT_TOPIC", _get(settings, "BANKER_DEFAULT_TOPIC")

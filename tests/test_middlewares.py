@@ -36,7 +36,7 @@ def _crawler(settings: dict[str, Any] | None = None) -> Any:
     return crawler
 
 
-def test_rules_meta_and_default_give_topics_and_priorities() -> None:
+def test_rules_meta_and_default_give_topics() -> None:
     crawler = _crawler()
     mw = BankerTopicMiddleware.from_crawler(crawler)
     spider = crawler.spider
@@ -46,22 +46,22 @@ def test_rules_meta_and_default_give_topics_and_priorities() -> None:
     plain = Request("http://a.test/y")
     out = [mw.get_processed_request(r, None) for r in (news, archive, forced, plain)]
     assert [r.meta["banker_topic"] for r in out] == ["news", "archive", "archive", "other"]
-    assert [r.priority for r in out] == [11, -2, -2, 0]
+    # Topic priority is the scheduler's business: request.priority is untouched.
+    assert [r.priority for r in out] == [1, 0, 0, 0]
     stats = crawler.stats.get_stats()
     assert stats["banker/topic/news/requests"] == 1
     assert stats["banker/topic/archive/requests"] == 2
     assert stats["banker/topic/other/requests"] == 1
 
 
-def test_priority_bonus_is_added_once_even_when_seen_again() -> None:
+def test_items_count_towards_the_topic_of_their_response() -> None:
     crawler = _crawler()
     mw = BankerTopicMiddleware.from_crawler(crawler)
     req = Request("http://a.test/news/1.html")
-    mw.get_processed_request(req, None)
-    retry = req.replace()  # what RetryMiddleware/redirects do: meta and priority copied
-    mw.get_processed_request(retry, None)
-    assert retry.priority == 10
-    assert crawler.stats.get_value("banker/topic/news/requests") == 1
+    resp = HtmlResponse(req.url, body=b"<html></html>", request=req)
+    assert mw.get_processed_item({"a": 1}, resp) == {"a": 1}
+    assert mw.get_processed_item({"a": 2}, None) == {"a": 2}
+    assert crawler.stats.get_value("banker/topic/news/items") == 1
 
 
 def test_invalid_meta_topic_is_logged_counted_and_replaced(

@@ -1,43 +1,74 @@
-"""BankerScheduler keeps Scrapy's contract and adds per-topic stats."""
+"""BankerScheduler: Scrapy's scheduler contract, slot-aware dispatch, topics, JOBDIR."""
 
 from __future__ import annotations
 
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler, Scheduler
 from scrapy.utils.test import get_crawler
 
 from scrapy_banker.scheduler import BankerScheduler
 
-SETTINGS: dict[str, Any] = {
-    "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue",
-    "BANKER_TOPIC_RULES": [{"url": "/news/", "topic": "news"}],
-}
+
+class FakeSlot:
+    def __init__(self, concurrency: int) -> None:
+        self.active: set[Request] = set()
+        self.concurrency = concurrency
 
 
-def _open(cls: type[Scheduler], settings: dict[str, Any] | None = None) -> Any:
-    crawler = get_crawler(Spider, {**SETTINGS, **(settings or {})})
-    crawler.spider = Spider.from_crawler(crawler, "s")
-    scheduler = cls.from_crawler(crawler)
+class FakeDownloader:
+    """The part of scrapy.core.downloader.Downloader the scheduler reads."""
+
+    def __init__(self, concurrency: int = 2) -> None:
+        self.slots: dict[str, FakeSlot] = {}
+        self.active: set[Request] = set()
+        self.concurrency = concurrency
+
+    def get_slot_key(self, request: Request) -> str:
+        return request.meta.get("download_slot") or urlsplit(request.url).hostname or ""
+
+    def start(self, request: Request) -> None:
+        key = self.get_slot_key(request)
+        self.slots.setdefault(key, FakeSlot(self.concurrency)).active.add(request)
+        self.active.add(request)
+
+    def finish(self, request: Request, crawler: Any) -> None:
+        crawler.signals.send_catch_log(
+            signals.request_left_downloader, request=request, spider=None
+        )
+        self.slots[self.get_slot_key(request)].active.discard(request)
+        self.active.discard(request)
+
+
+class TopicSpider(Spider):
+    name = "s"
+
+    def parse_page(self, response: Any) -> None:
+        pass
+
+
+def _open(settings: dict[str, Any] | None = None, downloader: FakeDownloader | None = None) -> Any:
+    crawler = get_crawler(TopicSpider, settings or {})
+    crawler.spider = TopicSpider.from_crawler(crawler)
+    if downloader is not None:
+        crawler.engine = SimpleNamespace(downloader=downloader)
+    scheduler = BankerScheduler.from_crawler(crawler)
     scheduler.open(crawler.spider)
     return scheduler
 
 
-def _stream() -> list[Request]:
-    reqs = []
-    for i in range(60):
-        path = "news" if i % 3 == 0 else "archive"
-        reqs.append(Request(f"http://h{i % 7}.test/{path}/{i}.html", priority=i % 4))
-    reqs.append(Request("http://h0.test/news/0.html"))  # duplicate: filtered
-    return reqs
-
-
-def _drain(scheduler: Any) -> list[str]:
+def _drain(scheduler: Any) -> list[Request]:
     out = []
     while (req := scheduler.next_request()) is not None:
-        out.append(req.url)
+        out.append(req)
     return out
 
 
@@ -45,46 +76,237 @@ def test_is_a_base_scheduler() -> None:
     assert issubclass(BankerScheduler, BaseScheduler)
 
 
-def test_same_order_as_scrapy_and_topic_stats() -> None:
-    ours, theirs = _open(BankerScheduler), _open(Scheduler)
-    for req in _stream():
-        ours.enqueue_request(req.copy())
-        theirs.enqueue_request(req.copy())
-    assert len(ours) == len(theirs) == 60
-    assert ours.has_pending_requests()
-    assert _drain(ours) == _drain(theirs)
-    assert not ours.has_pending_requests()
-    stats = ours.stats.get_stats()
-    assert stats["banker/topic/news/enqueued"] == 20
-    assert stats["banker/topic/default/enqueued"] == 40
-    assert stats["banker/topic/news/dequeued"] == 20
-    assert stats["banker/topic/default/dequeued"] == 40
+def test_contract_dupefilter_and_scrapy_stats() -> None:
+    scheduler = _open()
+    reqs = [Request(f"http://h{i % 5}.test/{i}") for i in range(40)]
+    assert all(scheduler.enqueue_request(r) for r in reqs)
+    assert not scheduler.enqueue_request(Request("http://h0.test/0"))  # duplicate
+    assert scheduler.enqueue_request(Request("http://h0.test/0", dont_filter=True))
+    assert len(scheduler) == 41 and scheduler.has_pending_requests()
+    got = _drain(scheduler)
+    assert len(got) == 41 and not scheduler.has_pending_requests()
+    assert {r.url for r in got} == {r.url for r in reqs}
+    stats = scheduler.stats.get_stats()
+    assert stats["scheduler/enqueued"] == stats["scheduler/enqueued/memory"] == 41
+    assert stats["scheduler/dequeued"] == stats["scheduler/dequeued/memory"] == 41
     assert stats["dupefilter/filtered"] == 1
-    assert stats["scheduler/enqueued"] == 60
+    scheduler.close("finished")
+    assert scheduler.stats.get_value("banker/queue/buckets") >= 1
 
 
-def test_disabled_keeps_scrapy_behaviour_without_topic_stats() -> None:
-    scheduler = _open(BankerScheduler, {"BANKER_ENABLED": False})
-    for req in _stream():
-        scheduler.enqueue_request(req)
-    assert len(_drain(scheduler)) == 60
-    assert not [k for k in scheduler.stats.get_stats() if k.startswith("banker/")]
+def test_request_priority_within_a_slot_then_fifo() -> None:
+    scheduler = _open()
+    for i, prio in enumerate([0, 5, 0, 5, -1]):
+        scheduler.enqueue_request(Request(f"http://h.test/{i}", priority=prio))
+    assert [r.url[-1] for r in _drain(scheduler)] == ["1", "3", "0", "2", "4"]
+
+
+def test_disabled_returns_scrapys_scheduler() -> None:
+    crawler = get_crawler(Spider, {"BANKER_ENABLED": False})
+    assert type(BankerScheduler.from_crawler(crawler)) is Scheduler
 
 
 def test_invalid_setting_fails_at_construction() -> None:
-    with pytest.raises(ValueError, match="BANKER_TOPIC_RULES"):
-        _open(BankerScheduler, {"BANKER_TOPIC_RULES": [{"url": "("}]})
+    with pytest.raises(ValueError, match="BANKER_QUEUE_KEY='ip'"):
+        _open({"BANKER_QUEUE_KEY": "ip"})
 
 
-def test_jobdir_persists_pending_requests(tmp_path: Any) -> None:
-    settings = {"JOBDIR": str(tmp_path)}
-    first = _open(BankerScheduler, settings)
-    for req in _stream():
+def test_never_hands_out_a_request_for_a_full_slot() -> None:
+    """One giant host and many small ones: no head-of-line blocking."""
+    dl = FakeDownloader(concurrency=2)
+    scheduler = _open(downloader=dl)
+    for i in range(100):
+        scheduler.enqueue_request(Request(f"http://giant.test/{i}", priority=10))
+    for h in range(20):
+        scheduler.enqueue_request(Request(f"http://small{h}.test/"))
+    out = []
+    while (req := scheduler.next_request()) is not None:
+        dl.start(req)
+        out.append(req)
+    hosts = Counter(urlsplit(r.url).hostname for r in out)
+    assert hosts["giant.test"] == 2  # its slot's concurrency, despite priority 10
+    assert len(hosts) == 21  # every small host got its request meanwhile
+    assert scheduler.stats.get_value("scheduler/dequeued") == 22
+    # Freeing one giant request makes exactly one more giant request eligible.
+    giant = next(r for r in out if "giant" in r.url)
+    dl.finish(giant, scheduler.crawler)
+    nxt = scheduler.next_request()
+    assert nxt is not None and urlsplit(nxt.url).hostname == "giant.test"
+    dl.start(nxt)
+    assert scheduler.next_request() is None
+    assert scheduler.has_pending_requests()
+
+
+def test_missed_wakeup_is_recovered_when_downloader_is_idle() -> None:
+    dl = FakeDownloader(concurrency=1)
+    scheduler = _open(downloader=dl)
+    scheduler.enqueue_request(Request("http://a.test/1"))
+    scheduler.enqueue_request(Request("http://a.test/2"))
+    first = scheduler.next_request()
+    dl.start(first)
+    assert scheduler.next_request() is None  # slot full: lane parked
+    # The download ends without the signal (e.g. a middleware changed the slot).
+    dl.slots["a.test"].active.clear()
+    dl.active.clear()
+    second = scheduler.next_request()
+    assert second is not None and second.url.endswith("/2")
+    assert scheduler.frontier.unblock_sweeps == 1
+
+
+def test_topic_priority_preempts_and_equal_topics_share() -> None:
+    settings = {
+        "BANKER_TOPICS": {"news": 10, "a": {"priority": 0}, "b": {"priority": 0}},
+        "BANKER_TOPIC_RULES": [
+            {"url": "/news/", "topic": "news"},
+            {"url": "/a/", "topic": "a"},
+            {"url": "/b/", "topic": "b"},
+        ],
+        "BANKER_TOPIC_SLICE": 0.05,
+        "BANKER_TOPIC_MIN_SLICE": 0.01,
+    }
+    scheduler = _open(settings)
+    clock = [0.0]
+    scheduler.clock = lambda: clock[0]
+    for i in range(200):
+        for topic in ("a", "b"):
+            scheduler.enqueue_request(Request(f"http://h{i % 50}.test/{topic}/{i}"))
+    for i in range(10):
+        scheduler.enqueue_request(Request(f"http://n.test/news/{i}"))
+    order = []
+    while (req := scheduler.next_request()) is not None:
+        order.append(req.meta["banker_topic"])
+        clock[0] += 0.001
+    assert order[:10] == ["news"] * 10  # preemption
+    first_half = Counter(order[10:210])
+    assert abs(first_half["a"] - first_half["b"]) <= 50  # round-robin slices of 50 dispatches
+    stats = scheduler.stats.get_stats()
+    assert stats["banker/topic/news/dequeued"] == 10
+    assert stats["banker/topic/a/enqueued"] == stats["banker/topic/a/dequeued"] == 200
+
+
+def test_buckets_stay_bounded_and_hot_host_is_alone() -> None:
+    scheduler = _open({"BANKER_BUCKET_CAPACITY": 64})
+    for i in range(2000):
+        scheduler.enqueue_request(Request(f"http://hot.test/{i}"))
+    for h in range(500):
+        scheduler.enqueue_request(Request(f"http://tail{h}.test/"))
+    d = scheduler.directory
+    assert d.bucket_keys(d.bucket_of("hot.test")) == frozenset({"hot.test"})
+    assert d.n_buckets < 100  # 501 hosts share far fewer buckets
+    d.check_invariants()
+
+
+# -- JOBDIR ----------------------------------------------------------------------------
+
+
+def _jobdir_settings(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "JOBDIR": str(tmp_path / "job"),
+        "BANKER_BUCKET_CAPACITY": 8,
+        "BANKER_TOPICS": {"news": {"priority": 5, "slice": 0.5, "target": 3}},
+        "BANKER_TOPIC_RULES": [{"url": "/news/", "topic": "news"}],
+    }
+
+
+def _stream(spider: TopicSpider) -> list[Request]:
+    reqs = []
+    for i in range(60):
+        path = "news" if i % 3 == 0 else "archive"
+        reqs.append(
+            Request(
+                f"http://h{i % 7}.test/{path}/{i}.html",
+                priority=i % 4,
+                callback=spider.parse_page,
+                meta={"depth": i % 5, "raw": b"\x00\x01"},
+                cb_kwargs={"i": i},
+            )
+        )
+    return reqs
+
+
+def test_jobdir_resume_is_exact(tmp_path: Path) -> None:
+    settings = _jobdir_settings(tmp_path)
+    reference = _open(settings | {"JOBDIR": str(tmp_path / "ref")})
+    first = _open(settings)
+    for req in _stream(first.spider):
+        first.enqueue_request(req)
+        reference.enqueue_request(req.copy())
+    # Serve a few, then stop cleanly.
+    served = [first.next_request() for _ in range(10)]
+    ref_served = [reference.next_request() for _ in range(10)]
+    assert [r.url for r in served] == [r.url for r in ref_served]
+    first.topics.adjust({"news": 10})
+    buckets_before = first.directory.to_state()
+    first.close("shutdown")
+    assert first.stats.get_value("banker/jobdir/saved") == 50
+    assert (tmp_path / "job" / "banker" / "state.json").exists()
+
+    second = _open(settings)
+    assert len(second) == 50
+    assert second.stats.get_value("banker/jobdir/restored") == 50
+    assert second.directory.to_state() == buckets_before
+    assert second.topics["news"].slice_total == pytest.approx(0.4)
+    rest = _drain(second)
+    ref_rest = _drain(reference)
+    # Same pending set, same per-lane order, requests intact (callback, meta, kwargs).
+    assert sorted(r.url for r in rest) == sorted(r.url for r in ref_rest)
+    lanes = lambda rs: [r.url for r in rs if "h3.test/archive" in r.url]  # noqa: E731
+    assert lanes(rest) == lanes(ref_rest)
+    sample = next(r for r in rest if r.url.endswith("/4.html"))
+    assert sample.callback == second.spider.parse_page
+    assert sample.cb_kwargs == {"i": 4} and sample.meta["raw"] == b"\x00\x01"
+    assert sample.meta["banker_topic"] == "default"  # no rule matches /archive/
+    # Duplicates of already-seen URLs stay filtered after the resume.
+    assert not second.enqueue_request(Request("http://h0.test/news/0.html"))
+    second.close("finished")
+    third = _open(settings)
+    assert len(third) == 0
+
+
+def test_jobdir_malformed_entries_are_dead_lettered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = _jobdir_settings(tmp_path)
+    first = _open(settings)
+    for req in _stream(first.spider)[:12]:
         first.enqueue_request(req)
     first.close("shutdown")
-    second = _open(BankerScheduler, settings)
-    assert len(second) == 60
-    urls = _drain(second)
-    assert len(set(urls)) == 60
-    assert second.stats.get_value("banker/topic/news/dequeued") == 20
-    second.close("finished")
+    queues = tmp_path / "job" / "banker" / "queues"
+    victim = sorted(queues.iterdir())[0]
+    lines = victim.read_text().splitlines()
+    evil = json.loads(lines[0])
+    evil["request"]["_class"] = "os.system"
+    lines[0] = json.dumps(evil)
+    lines.append("{not json")
+    victim.write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.ERROR):
+        second = _open(settings)
+    assert second.stats.get_value("banker/jobdir/malformed") == 2
+    assert len(second) == 11
+    second.directory.check_invariants()
+    assert sum(second.directory.load_of(k) for k in second.directory) == 11
+    dead = [
+        json.loads(x)
+        for x in (tmp_path / "job" / "banker-deadletter.jsonl").read_text().splitlines()
+    ]
+    assert len(dead) == 2 and "not allow-listed" in dead[0]["error"]
+    assert "Skipping malformed JOBDIR entry" in caplog.text
+    assert len(_drain(second)) == 11
+
+
+def test_jobdir_unserializable_request_is_reported_not_lost_silently(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = _jobdir_settings(tmp_path)
+    first = _open(settings)
+    first.enqueue_request(Request("http://h.test/ok"))
+    first.enqueue_request(Request("http://h.test/bad", meta={"s": {1, 2}}))
+    with caplog.at_level(logging.ERROR):
+        first.close("shutdown")
+    assert first.stats.get_value("banker/jobdir/saved") == 1
+    assert first.stats.get_value("banker/jobdir/unserializable") == 1
+    assert "Cannot persist" in caplog.text
+    dead = (tmp_path / "job" / "banker-deadletter.jsonl").read_text()
+    assert "http://h.test/bad" in dead
+    second = _open(settings)
+    assert [r.url for r in _drain(second)] == ["http://h.test/ok"]

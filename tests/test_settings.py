@@ -20,10 +20,21 @@ def test_defaults_load() -> None:
 
 
 def test_topics_accept_int_and_dict_forms() -> None:
-    config = load_config({"BANKER_TOPICS": {"news": 10, "archive": {"priority": -5}}})
+    config = load_config(
+        {
+            "BANKER_TOPICS": {
+                "news": 10,
+                "archive": {"priority": -5, "slice": 2.5, "target": 100},
+            },
+            "BANKER_TOPIC_SLICE": 0.5,
+        }
+    )
     assert config.topic_priority("news") == 10
     assert config.topic_priority("archive") == -5
     assert config.topic_priority("products") == 0
+    assert config.topics["news"].slice_s == 0.5  # the default slice
+    assert config.topics["archive"].slice_s == 2.5
+    assert config.topics["archive"].target == 100
 
 
 def test_topics_accept_json_from_command_line() -> None:
@@ -68,6 +79,22 @@ def test_rules_first_match_wins_and_fall_back_to_default() -> None:
         ({"BANKER_TOPIC_RULES": [{"callback": "a b", "topic": "t"}]}, r"method name"),
         ({"BANKER_DEFAULT_TOPIC": ""}, r"BANKER_DEFAULT_TOPIC=''.*topic name"),
         ({"BANKER_STATS_FILE": 3}, r"BANKER_STATS_FILE=3.*path"),
+        ({"BANKER_TOPICS": {"n": {"slice": 0}}}, r"BANKER_TOPICS\['n'\]\['slice'\]=0.*> 0"),
+        ({"BANKER_TOPICS": {"n": {"slice": "x"}}}, r"\['slice'\]='x'.*number"),
+        ({"BANKER_TOPICS": {"n": {"slice": 0.05}}}, r"must be >= BANKER_TOPIC_MIN_SLICE"),
+        ({"BANKER_TOPICS": {"n": {"target": -1}}}, r"\['target'\]=-1.*>= 0"),
+        ({"BANKER_TOPIC_SLICE": -1}, r"BANKER_TOPIC_SLICE=-1.*> 0"),
+        ({"BANKER_TOPIC_SLICE": 0.01}, r"BANKER_TOPIC_SLICE=0.01.*BANKER_TOPIC_MIN_SLICE"),
+        ({"BANKER_TOPIC_MIN_SLICE": "nan"}, r"BANKER_TOPIC_MIN_SLICE='nan'"),
+        ({"BANKER_TOPIC_SLICE_STEP": 0}, r"BANKER_TOPIC_SLICE_STEP=0"),
+        ({"BANKER_TOPIC_ADJUST_INTERVAL": -5}, r"BANKER_TOPIC_ADJUST_INTERVAL=-5.*>= 0"),
+        ({"BANKER_TOPIC_MAX_WAIT": 0}, r"BANKER_TOPIC_MAX_WAIT=0.*> 0"),
+        ({"BANKER_QUEUE_KEY": "ip"}, r"BANKER_QUEUE_KEY='ip'.*allowed: \['domain', 'host'"),
+        ({"BANKER_QUEUE_HASH": "md5"}, r"BANKER_QUEUE_HASH='md5'.*'bkdr', 'mmh3'"),
+        ({"BANKER_BUCKET_CAPACITY": 0}, r"BANKER_BUCKET_CAPACITY=0.*>= 1"),
+        ({"BANKER_DIRECTORY_MAX_DEPTH": 30}, r"BANKER_DIRECTORY_MAX_DEPTH=30.*0 to 24"),
+        ({"BANKER_CACHE_BUCKET_SIZE": -1}, r"BANKER_CACHE_BUCKET_SIZE=-1"),
+        ({"BANKER_SERIALIZE_ALLOWED_CLASSES": [1]}, r"BANKER_SERIALIZE_ALLOWED_CLASSES=\[1\]"),
         ({"BANKER_FARM_DOMAIN": "Farm Test"}, r"BANKER_FARM_DOMAIN='Farm Test'.*DNS suffix"),
     ],
 )

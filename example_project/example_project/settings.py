@@ -25,10 +25,21 @@ ADDONS = {"scrapy_banker.Addon": 500}
 # SCHEDULER = "scrapy_banker.scheduler.BankerScheduler"
 # SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
 # DOWNLOADER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerDownloaderMiddleware": 860}
-# EXTENSIONS = {"scrapy_banker.extensions.BankerStatsFile": 500}
+# EXTENSIONS = {
+#     "scrapy_banker.extensions.BankerStatsFile": 500,
+#     "scrapy_banker.extensions.BankerTopicAdjuster": 500,
+# }
 
-# Topics and their priorities: news first, products next, archive last.
-BANKER_TOPICS = {"news": 10, "products": 5, "archive": 0}
+# Topics: news preempts; products and archive share by round-robin time slices
+# (products gets twice archive's slice); archive's slice shrinks when it meets
+# its yield target, leaving more turns to products.
+BANKER_TOPICS = {
+    "news": {"priority": 10},
+    "products": {"priority": 0, "slice": 1.0},
+    "archive": {"priority": 0, "slice": 0.5, "target": 200},
+}
+BANKER_TOPIC_ADJUST_INTERVAL = 2.0
+BANKER_TOPIC_MAX_WAIT = 5.0
 BANKER_TOPIC_RULES = [
     {"url": r"^https?://[^/]+/news/", "topic": "news"},
     {"url": r"^https?://[^/]+/products/", "topic": "products"},

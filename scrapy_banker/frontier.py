@@ -1,0 +1,223 @@
+"""The in-memory frontier: topic → download-slot lanes, dispatched without head-of-line blocking.
+
+Scrapy's ``ScrapyPriorityQueue`` pops the globally best request even when its
+domain's download slot is full, so one big domain fills the downloader while
+others wait; ``DownloaderAwarePriorityQueue`` fixes that by scanning every
+slot on every pop, which costs O(domains).  Here each (topic, slot) pair is a
+*lane*; lanes with work sit in a per-topic ring ordered by the priority of
+their head request, and a lane whose slot turns out to be full is parked on
+that slot until the downloader reports the slot freed.  A lane is therefore
+inspected once per "slot freed" event, which makes a pop O(log) amortized
+whatever the number of domains.
+
+Which topic is served is decided by :class:`~scrapy_banker.topics.TopicScheduler`;
+which *bucket* (persisted queue) a queue key belongs to by
+:class:`~scrapy_banker.directory.ExtendibleDirectory`.  Items are opaque: this
+module never imports Scrapy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from scrapy_banker.directory import ExtendibleDirectory
+from scrapy_banker.topics import TopicScheduler
+
+__all__ = ["Entry", "Frontier"]
+
+T = TypeVar("T")
+
+_IDLE, _READY, _BLOCKED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """A queued item with what the frontier needs to re-queue it after a restart."""
+
+    item: T
+    topic: str
+    slot: str
+    key: str
+    key_hash: int
+    priority: int
+    seq: int
+
+
+class _Lane(Generic[T]):
+    __slots__ = ("heap", "slot", "state", "topic")
+
+    def __init__(self, topic: str, slot: str) -> None:
+        self.topic = topic
+        self.slot = slot
+        self.state = _IDLE
+        # (-priority, seq, entry): highest priority first, FIFO among equals.
+        self.heap: list[tuple[int, int, Entry[T]]] = []
+
+    def head_priority(self) -> int:
+        return -self.heap[0][0]
+
+
+class _Ring(Generic[T]):
+    """Lanes of one topic that may dispatch, by head priority, round-robin among equals."""
+
+    __slots__ = ("by_priority", "priorities")
+
+    def __init__(self) -> None:
+        self.by_priority: dict[int, deque[_Lane[T]]] = {}
+        self.priorities: list[int] = []  # heap of -priority, one per non-empty deque
+
+    def add(self, lane: _Lane[T], priority: int) -> None:
+        lanes = self.by_priority.get(priority)
+        if lanes is None:
+            lanes = self.by_priority[priority] = deque()
+            heapq.heappush(self.priorities, -priority)
+        lanes.append(lane)
+
+    def pop(self) -> _Lane[T] | None:
+        if not self.priorities:
+            return None
+        priority = -self.priorities[0]
+        lanes = self.by_priority[priority]
+        lane = lanes.popleft()
+        if not lanes:
+            heapq.heappop(self.priorities)
+            del self.by_priority[priority]
+        return lane
+
+    def __bool__(self) -> bool:
+        return bool(self.priorities)
+
+
+class Frontier(Generic[T]):
+    """Pending items grouped by topic and download slot.
+
+    ``is_free(slot)`` is asked at pop time (it is the downloader's view);
+    ``slot_freed(slot)`` must be called whenever a download on that slot ends,
+    so lanes parked on it become eligible again.
+    """
+
+    def __init__(
+        self,
+        topics: TopicScheduler,
+        directory: ExtendibleDirectory[str],
+    ) -> None:
+        self.topics = topics
+        self.directory = directory
+        self._lanes: dict[tuple[str, str], _Lane[T]] = {}
+        self._rings: dict[str, _Ring[T]] = {}
+        self._blocked: dict[str, list[_Lane[T]]] = {}
+        self._seq = itertools.count()
+        self._len = 0
+        self.blocked_skips = 0  # lanes found full at pop time and parked
+        self.unblock_sweeps = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def push(
+        self,
+        item: T,
+        *,
+        topic: str,
+        slot: str,
+        key: str,
+        key_hash: int,
+        priority: int,
+        now: float,
+        seq: int | None = None,
+        count_load: bool = True,
+    ) -> int:
+        """Queue ``item``; returns the directory bucket of its queue key.
+
+        ``count_load=False`` is for re-queuing entries whose load a restored
+        directory already accounts for.
+        """
+        bucket = (
+            self.directory.add(key, key_hash, 1) if count_load else self.directory.bucket_of(key)
+        )
+        entry = Entry(
+            item, topic, slot, key, key_hash, priority, next(self._seq) if seq is None else seq
+        )
+        lane = self._lanes.get((topic, slot))
+        if lane is None:
+            lane = self._lanes[(topic, slot)] = _Lane(topic, slot)
+        heapq.heappush(lane.heap, (-priority, entry.seq, entry))
+        if lane.state == _IDLE:
+            lane.state = _READY
+            ring = self._rings.get(topic)
+            if ring is None:
+                ring = self._rings[topic] = _Ring()
+            ring.add(lane, priority)
+        # A lane already READY keeps its place in the ring even if this item
+        # has a higher priority than its head: re-sorting would cost a search.
+        # The item still comes first *within* the lane.
+        self.topics.pushed(topic, now)
+        self._len += 1
+        return bucket
+
+    def pop(self, is_free: Callable[[str], bool], now: float) -> Entry[T] | None:
+        """The next entry to download, or ``None`` if nothing can go right now."""
+        for topic in self.topics.candidates(now):
+            ring = self._rings.get(topic)
+            while ring:
+                lane = ring.pop()
+                assert lane is not None
+                if not is_free(lane.slot):
+                    lane.state = _BLOCKED
+                    self._blocked.setdefault(lane.slot, []).append(lane)
+                    self.blocked_skips += 1
+                    continue
+                _, _, entry = heapq.heappop(lane.heap)
+                if lane.heap:
+                    ring.add(lane, lane.head_priority())
+                else:
+                    lane.state = _IDLE
+                    del self._lanes[(lane.topic, lane.slot)]
+                self.directory.remove_load(entry.key, 1)
+                self.topics.dispatched(topic, now)
+                self._len -= 1
+                return entry
+            self.topics.idle(topic, now)
+        return None
+
+    def slot_freed(self, slot: str) -> None:
+        lanes = self._blocked.pop(slot, None)
+        if not lanes:
+            return
+        for lane in lanes:
+            lane.state = _READY
+            self._rings[lane.topic].add(lane, lane.head_priority())
+
+    def unblock_all(self) -> int:
+        """Make every parked lane eligible again; a safety net, O(parked lanes).
+
+        Used when the downloader is idle but lanes are parked -- a slot-freed
+        notification was missed (e.g. a slot key changed by a middleware).
+        """
+        slots = list(self._blocked)
+        for slot in slots:
+            self.slot_freed(slot)
+        self.unblock_sweeps += 1
+        return len(slots)
+
+    @property
+    def blocked_slots(self) -> int:
+        return len(self._blocked)
+
+    @property
+    def lanes(self) -> int:
+        return len(self._lanes)
+
+    def entries(self) -> Iterator[Entry[T]]:
+        """Every queued entry, lanes in no particular order, FIFO order within a lane."""
+        for lane in self._lanes.values():
+            for _, _, entry in sorted(lane.heap, key=lambda e: e[1]):
+                yield entry
+
+    def pending_by_topic(self) -> dict[str, int]:
+        return {state.name: state.pending for state in self.topics}

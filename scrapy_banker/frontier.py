@@ -22,7 +22,6 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from scrapy_banker.directory import ExtendibleDirectory
@@ -35,17 +34,24 @@ T = TypeVar("T")
 _IDLE, _READY, _BLOCKED = 0, 1, 2
 
 
-@dataclass(frozen=True)
 class Entry(Generic[T]):
     """A queued item with what the frontier needs to re-queue it after a restart."""
 
-    item: T
-    topic: str
-    slot: str
-    key: str
-    key_hash: int
-    priority: int
-    seq: int
+    __slots__ = ("item", "key", "key_hash", "priority", "seq", "slot", "topic")
+
+    def __init__(
+        self, item: T, topic: str, slot: str, key: str, key_hash: int, priority: int, seq: int
+    ) -> None:
+        self.item = item
+        self.topic = topic
+        self.slot = slot
+        self.key = key
+        self.key_hash = key_hash
+        self.priority = priority
+        self.seq = seq
+
+    def __repr__(self) -> str:
+        return f"Entry({self.item!r}, topic={self.topic!r}, slot={self.slot!r}, seq={self.seq})"
 
 
 class _Lane(Generic[T]):

@@ -17,10 +17,10 @@ import logging
 import os
 import shutil
 import time
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TextIO
 
 from scrapy import signals
+from scrapy.core.downloader import Downloader
 from scrapy.core.scheduler import BaseScheduler, Scheduler
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -28,7 +28,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_banker._topic import request_topic
 from scrapy_banker.directory import ExtendibleDirectory
 from scrapy_banker.frontier import Frontier
-from scrapy_banker.hashing import bkdr, key_policy, murmur
+from scrapy_banker.hashing import bkdr, host_of, key_policy, murmur
 from scrapy_banker.serialize import MalformedPayload, RequestCodec, UnserializableRequest
 from scrapy_banker.settings import BankerConfig, load_config
 from scrapy_banker.topics import TopicScheduler
@@ -76,13 +76,21 @@ class BankerScheduler(BaseScheduler):
             cache_capacity=config.cache_bucket_size,
         )
         self.frontier: Frontier[Request] = Frontier(self.topics, self.directory)
-        key_of = key_policy(config.queue_key)
-        hash_fn = bkdr if config.queue_hash == "bkdr" else murmur
-        # Hosts repeat: hashing each distinct key once keeps enqueue O(1).
-        self._key_hash = lru_cache(maxsize=1 << 16)(lambda url_key: hash_fn(url_key))
-        self._key_of = key_of
+        self._key_of = key_policy(config.queue_key)
+        self._hash_fn = bkdr if config.queue_hash == "bkdr" else murmur
+        # Keys repeat (hosts): hash each distinct key once.  Bounded: cleared
+        # when full, which only costs re-hashing.
+        self._hash_cache: dict[str, int] = {}
+        self._host_key = config.queue_key == "host"
         self.spider: Spider | None = None
         self._downloader: Any = None
+        # True when the slot key is Scrapy's rule (meta download_slot, else the
+        # host name), which we can compute without urlparse_cached.
+        self._scrapy_slots = False
+        # Per-topic counters are batched into the stats at most once a second:
+        # the stats collector is the dominant cost of an enqueue otherwise.
+        self._topic_counts: dict[str, int] = {}
+        self._flushed_at = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> BaseScheduler:  # type: ignore[override]
@@ -105,6 +113,10 @@ class BankerScheduler(BaseScheduler):
         except RuntimeError:  # Scrapy >= 2.14 raises when there is no engine yet
             engine = None
         self._downloader = getattr(engine, "downloader", None)
+        self._scrapy_slots = self._downloader is not None and (
+            getattr(type(self._downloader), "get_slot_key", None) is Downloader.get_slot_key
+            and not getattr(self._downloader, "ip_concurrency", 0)
+        )
         self.crawler.signals.connect(
             self._request_left_downloader, signal=signals.request_left_downloader
         )
@@ -118,6 +130,7 @@ class BankerScheduler(BaseScheduler):
         )
         if self.jobdir:
             self._save()
+        self._flush_topic_stats(self.clock())
         self._publish_stats()
         return self.df.close(reason)
 
@@ -132,19 +145,39 @@ class BankerScheduler(BaseScheduler):
             self.df.log(request, self.spider)  # type: ignore[arg-type]
             return False
         topic = request_topic(request, self.config, self.stats)
-        key = self._key_of(request.url)
+        try:
+            slot = self._slot_key(request)
+            if self._host_key and self._slot_is_host(request):
+                key = slot  # the host name: parsed once
+            else:
+                key = self._key_of(request.url)
+        except ValueError as exc:
+            # urlsplit refuses it (e.g. a broken IPv6 literal): the downloader
+            # could not fetch it either.  Say so instead of crashing the crawl.
+            logger.error("Dropping request with unparsable URL %s: %s", request, exc)
+            self.stats.inc_value("banker/queue/malformed_url")
+            return False
+        now = self.clock()
+        key_hash = self._hash_cache.get(key)
+        if key_hash is None:
+            if len(self._hash_cache) >= 1 << 17:
+                self._hash_cache.clear()
+            key_hash = self._hash_cache[key] = self._hash_fn(key)
         self.frontier.push(
             request,
             topic=topic,
-            slot=self._slot_key(request),
+            slot=slot,
             key=key,
-            key_hash=self._key_hash(key),
+            key_hash=key_hash,
             priority=request.priority,
-            now=self.clock(),
+            now=now,
         )
         self.stats.inc_value("scheduler/enqueued/memory")
         self.stats.inc_value("scheduler/enqueued")
-        self.stats.inc_value(f"banker/topic/{topic}/enqueued")
+        name = f"banker/topic/{topic}/enqueued"
+        self._topic_counts[name] = self._topic_counts.get(name, 0) + 1
+        if now - self._flushed_at >= 1.0:
+            self._flush_topic_stats(now)
         return True
 
     def next_request(self) -> Request | None:
@@ -160,18 +193,35 @@ class BankerScheduler(BaseScheduler):
         ):
             entry = self.frontier.pop(self._is_free, now)
         if entry is None:
+            self._flush_topic_stats(now)  # idle moment: make the counters exact
             return None
         self.stats.inc_value("scheduler/dequeued/memory")
         self.stats.inc_value("scheduler/dequeued")
-        self.stats.inc_value(f"banker/topic/{entry.topic}/dequeued")
+        name = f"banker/topic/{entry.topic}/dequeued"
+        self._topic_counts[name] = self._topic_counts.get(name, 0) + 1
+        if now - self._flushed_at >= 1.0:
+            self._flush_topic_stats(now)
         return entry.item
+
+    def _flush_topic_stats(self, now: float) -> None:
+        self._flushed_at = now
+        if self._topic_counts:
+            counts, self._topic_counts = self._topic_counts, {}
+            for name, n in counts.items():
+                self.stats.inc_value(name, n)
 
     # -- downloader view ---------------------------------------------------------------
 
     def _slot_key(self, request: Request) -> str:
-        if self._downloader is not None:
-            return str(self._downloader.get_slot_key(request))
-        return self._key_of(request.url)
+        if self._scrapy_slots or self._downloader is None:
+            slot = request.meta.get("download_slot")
+            return host_of(request.url) if slot is None else str(slot)
+        return str(self._downloader.get_slot_key(request))
+
+    def _slot_is_host(self, request: Request) -> bool:
+        return "download_slot" not in request.meta and (
+            self._scrapy_slots or self._downloader is None
+        )
 
     def _is_free(self, slot_key: str) -> bool:
         if self._downloader is None:
@@ -186,7 +236,9 @@ class BankerScheduler(BaseScheduler):
         return active is not None and not active
 
     def _request_left_downloader(self, request: Request, spider: Spider | None = None) -> None:
-        self.frontier.slot_freed(self._slot_key(request))
+        # The downloader wrote the slot it used into meta: exact and free.
+        slot = request.meta.get("download_slot")
+        self.frontier.slot_freed(self._slot_key(request) if slot is None else str(slot))
 
     # -- stats -----------------------------------------------------------------------------
 

@@ -184,19 +184,22 @@ class TopicScheduler:
         generator is lazy so the usual case (the first candidate dispatches)
         costs O(1) beyond the number of priority classes.
         """
-        offered: set[str] = set()
+        deadline = now - self.max_wait_s
+        starving = [
+            state
+            for state in self._topics.values()
+            if state.pending and state.waiting_since is not None and state.waiting_since <= deadline
+        ]
+        if not starving:  # the usual case: no bookkeeping of what was offered
+            for priority in self._priorities:
+                yield from self._class_order(priority, now)
+            return
         # 1. starvation rescue: whoever waited too long goes first, longest wait
         #    first.  With k topics starving at once the last of them is served
         #    k-1 dispatches after the bound: the guarantee is max_wait_s plus one
         #    dispatch per other starving topic.
-        starving = [
-            state
-            for state in self._topics.values()
-            if state.pending
-            and state.waiting_since is not None
-            and now - state.waiting_since >= self.max_wait_s
-        ]
         starving.sort(key=lambda state: state.waiting_since or 0.0)
+        offered: set[str] = set()
         for state in starving:
             offered.add(state.name)
             yield state.name

@@ -141,19 +141,20 @@ class BankerScheduler(BaseScheduler):
         return len(self.frontier)
 
     def enqueue_request(self, request: Request) -> bool:
-        if not request.dont_filter and self.df.request_seen(request):
-            self.df.log(request, self.spider)  # type: ignore[arg-type]
-            return False
-        topic = request_topic(request, self.config, self.stats)
         try:
+            if not request.dont_filter and self.df.request_seen(request):
+                self.df.log(request, self.spider)  # type: ignore[arg-type]
+                return False
+            topic = request_topic(request, self.config, self.stats)
             slot = self._slot_key(request)
             if self._host_key and self._slot_is_host(request):
                 key = slot  # the host name: parsed once
             else:
                 key = self._key_of(request.url)
         except ValueError as exc:
-            # urlsplit refuses it (e.g. a broken IPv6 literal): the downloader
-            # could not fetch it either.  Say so instead of crashing the crawl.
+            # The URL cannot be parsed (e.g. a broken IPv6 literal left by a
+            # middleware): neither the fingerprinter nor the downloader could
+            # use it.  Say so instead of crashing the crawl.
             logger.error("Dropping request with unparsable URL %s: %s", request, exc)
             self.stats.inc_value("banker/queue/malformed_url")
             return False

@@ -310,3 +310,15 @@ def test_jobdir_unserializable_request_is_reported_not_lost_silently(
     assert "http://h.test/bad" in dead
     second = _open(settings)
     assert [r.url for r in _drain(second)] == ["http://h.test/ok"]
+
+
+def test_unparsable_url_is_logged_counted_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    scheduler = _open()
+    bad = Request("http://ok.test/")
+    bad._url = "http://[broken-ipv6/x"  # what a buggy middleware could leave behind
+    with caplog.at_level(logging.ERROR):
+        assert scheduler.enqueue_request(bad) is False
+    assert scheduler.stats.get_value("banker/queue/malformed_url") == 1
+    assert "unparsable URL" in caplog.text
+    assert scheduler.enqueue_request(Request("http://ok.test/2"))
+    assert len(scheduler) == 1

@@ -127,6 +127,9 @@ class BankersState:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def pids(self) -> list[Hashable]:
+        return list(self._rows)
+
     def add_process(self, pid: Hashable, max_claim: Mapping[str, int]) -> None:
         """Declare a process and its maximum claim (the ``M`` row)."""
         if pid in self._rows:
@@ -172,8 +175,14 @@ class BankersState:
 
     # -- the algorithm ----------------------------------------------------------------
 
-    def request(self, pid: Hashable, amounts: Mapping[str, int]) -> Decision:
-        """Steps a-d: grant ``amounts`` to ``pid`` only if the result is safe."""
+    def request(
+        self, pid: Hashable, amounts: Mapping[str, int], *, check_safety: bool = True
+    ) -> Decision:
+        """Steps a-d: grant ``amounts`` to ``pid`` only if the result is safe.
+
+        ``check_safety=False`` skips step d: first come, first served, the
+        naive allocator the paper compares against (it can deadlock).
+        """
         row = self._row(pid)
         req = self._vector(amounts, f"request of {pid!r}")
         need = self._max[row] - self._alloc[row]
@@ -188,7 +197,7 @@ class BankersState:
             return Decision(False, "insufficient")
         self.available -= req  # c)
         self._alloc[row] += req
-        if self.is_safe():  # d)
+        if not check_safety or self.is_safe():  # d)
             return Decision(True, "granted")
         self.available += req
         self._alloc[row] -= req

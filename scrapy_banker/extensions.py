@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from scrapy_banker._engine import running_scheduler
 from scrapy_banker.settings import load_config
 
 if TYPE_CHECKING:
@@ -110,16 +111,8 @@ class BankerTopicAdjuster:
         if self._task is not None and self._task.running:
             self._task.stop()
 
-    def _scheduler(self) -> Any:
-        engine = self.crawler.engine
-        scheduler = getattr(engine, "scheduler", None)
-        if scheduler is None:  # Scrapy 2.13 has no engine.scheduler
-            slot = getattr(engine, "slot", None) or getattr(engine, "_slot", None)
-            scheduler = getattr(slot, "scheduler", None)
-        return scheduler
-
     def adjust(self) -> dict[str, float] | None:
-        scheduler = self._scheduler()
+        scheduler = running_scheduler(self.crawler)
         topics = getattr(scheduler, "topics", None)
         if topics is None:
             logger.warning("BankerTopicAdjuster needs BankerScheduler; slices are not adjusted")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import NotConfigured
 from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
+from scrapy_banker._engine import running_scheduler
 from scrapy_banker._topic import request_topic
 from scrapy_banker.settings import load_config
 
@@ -57,11 +58,15 @@ class BankerTopicMiddleware(BaseSpiderMiddleware):
 
 
 class BankerDownloaderMiddleware:
-    """Count what each topic actually yields from the network.
+    """Count what each topic yields from the network; release admission grants.
 
     The per-topic response and byte counters are what the demo summary and the
-    (upcoming) slice adjuster read; counting here, after the download, measures
-    real yield rather than intentions.
+    slice adjuster read; counting here, after the download, measures real
+    yield rather than intentions.  It also releases the Banker's-admission
+    grant of a request as soon as its download ends -- with a response or any
+    exception, ``IgnoreRequest`` from an earlier middleware included -- before
+    RetryMiddleware or RedirectMiddleware (lower orders) copy its meta into a
+    new request.
     """
 
     def __init__(self, crawler: Crawler):
@@ -70,6 +75,7 @@ class BankerDownloaderMiddleware:
             raise NotConfigured("BANKER_ENABLED is False")
         assert crawler.stats is not None
         self.stats = crawler.stats
+        self.crawler = crawler
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -81,11 +87,19 @@ class BankerDownloaderMiddleware:
         topic = request_topic(request, self.config, self.stats)
         self.stats.inc_value(f"banker/topic/{topic}/responses")
         self.stats.inc_value(f"banker/topic/{topic}/response_bytes", len(response.body))
+        self._release(request, "response")
         return response
+
+    def _release(self, request: Request, outcome: str) -> None:
+        if "banker_grant" in request.meta:
+            release = getattr(running_scheduler(self.crawler), "release", None)
+            if release is not None:
+                release(request, outcome)
 
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> Any:
         topic = request_topic(request, self.config, self.stats)
         self.stats.inc_value(f"banker/topic/{topic}/exceptions")
+        self._release(request, "exception")
         return None

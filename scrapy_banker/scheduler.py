@@ -26,8 +26,9 @@ from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_banker._topic import request_topic
+from scrapy_banker.admission import Admission, InvalidClaim
 from scrapy_banker.directory import ExtendibleDirectory
-from scrapy_banker.frontier import Frontier
+from scrapy_banker.frontier import Entry, Frontier
 from scrapy_banker.hashing import bkdr, host_of, key_policy, murmur
 from scrapy_banker.serialize import MalformedPayload, RequestCodec, UnserializableRequest
 from scrapy_banker.settings import BankerConfig, load_config
@@ -87,6 +88,18 @@ class BankerScheduler(BaseScheduler):
         # True when the slot key is Scrapy's rule (meta download_slot, else the
         # host name), which we can compute without urlparse_cached.
         self._scrapy_slots = False
+        self.admission: Admission | None = None
+        if config.resources:
+            self.admission = Admission(
+                config.resources,
+                stats=self.stats,
+                topic_claims=config.task_claims,
+                task_timeout=config.task_timeout,
+                policy=config.admission_policy,
+            )
+        # Requests parked by admission (unsafe / insufficient), re-queued on release.
+        self._parked: list[Entry[Request]] = []
+        self._reclaimed_at = 0.0
         # Per-topic counters are batched into the stats at most once a second:
         # the stats collector is the dominant cost of an enqueue otherwise.
         self._topic_counts: dict[str, int] = {}
@@ -120,6 +133,8 @@ class BankerScheduler(BaseScheduler):
         self.crawler.signals.connect(
             self._request_left_downloader, signal=signals.request_left_downloader
         )
+        if self.admission is not None:
+            self.crawler.signals.connect(self._request_dropped, signal=signals.request_dropped)
         if self.jobdir:
             self._restore()
         return self.df.open()
@@ -128,6 +143,10 @@ class BankerScheduler(BaseScheduler):
         self.crawler.signals.disconnect(
             self._request_left_downloader, signal=signals.request_left_downloader
         )
+        if self.admission is not None:
+            self.crawler.signals.disconnect(self._request_dropped, signal=signals.request_dropped)
+            self._requeue_parked(self.clock())  # so JOBDIR saves them
+            self.admission.close()
         if self.jobdir:
             self._save()
         self._flush_topic_stats(self.clock())
@@ -135,10 +154,10 @@ class BankerScheduler(BaseScheduler):
         return self.df.close(reason)
 
     def has_pending_requests(self) -> bool:
-        return len(self.frontier) > 0
+        return len(self.frontier) > 0 or bool(self._parked)
 
     def __len__(self) -> int:
-        return len(self.frontier)
+        return len(self.frontier) + len(self._parked)
 
     def enqueue_request(self, request: Request) -> bool:
         try:
@@ -183,6 +202,40 @@ class BankerScheduler(BaseScheduler):
 
     def next_request(self) -> Request | None:
         now = self.clock()
+        admission = self.admission
+        if admission is not None:
+            if admission.released_since_wait:
+                self._requeue_parked(now)
+            if now - self._reclaimed_at >= 1.0:
+                self._reclaimed_at = now
+                admission.reclaim_expired()
+        while True:
+            entry = self._pop(now)
+            if entry is None:
+                self._flush_topic_stats(now)  # idle moment: make the counters exact
+                return None
+            request = entry.item
+            if admission is not None and admission.needs_admission(request):
+                try:
+                    verdict = admission.try_admit(request, entry.topic)
+                except InvalidClaim as exc:
+                    logger.error("Dropping %s: invalid resource claim: %s", request, exc)
+                    self.stats.inc_value("banker/admission/invalid")
+                    continue
+                if verdict != "granted":
+                    admission.defer(request, verdict)
+                    self._parked.append(entry)
+                    continue
+            break
+        self.stats.inc_value("scheduler/dequeued/memory")
+        self.stats.inc_value("scheduler/dequeued")
+        name = f"banker/topic/{entry.topic}/dequeued"
+        self._topic_counts[name] = self._topic_counts.get(name, 0) + 1
+        if now - self._flushed_at >= 1.0:
+            self._flush_topic_stats(now)
+        return request
+
+    def _pop(self, now: float) -> Entry[Request] | None:
         entry = self.frontier.pop(self._is_free, now)
         # Nothing in flight can free a slot, so a wake-up was missed (e.g. a
         # middleware changed download_slot): re-check every parked lane.
@@ -193,16 +246,24 @@ class BankerScheduler(BaseScheduler):
             and self.frontier.unblock_all()
         ):
             entry = self.frontier.pop(self._is_free, now)
-        if entry is None:
-            self._flush_topic_stats(now)  # idle moment: make the counters exact
-            return None
-        self.stats.inc_value("scheduler/dequeued/memory")
-        self.stats.inc_value("scheduler/dequeued")
-        name = f"banker/topic/{entry.topic}/dequeued"
-        self._topic_counts[name] = self._topic_counts.get(name, 0) + 1
-        if now - self._flushed_at >= 1.0:
-            self._flush_topic_stats(now)
-        return entry.item
+        return entry
+
+    def _requeue_parked(self, now: float) -> None:
+        """Something was released: parked requests compete again, in their order."""
+        assert self.admission is not None
+        self.admission.released_since_wait = False
+        parked, self._parked = self._parked, []
+        for entry in parked:
+            self.frontier.push(
+                entry.item,
+                topic=entry.topic,
+                slot=entry.slot,
+                key=entry.key,
+                key_hash=entry.key_hash,
+                priority=entry.priority,
+                now=now,
+                seq=entry.seq,
+            )
 
     def _flush_topic_stats(self, now: float) -> None:
         self._flushed_at = now
@@ -240,6 +301,18 @@ class BankerScheduler(BaseScheduler):
         # The downloader wrote the slot it used into meta: exact and free.
         slot = request.meta.get("download_slot")
         self.frontier.slot_freed(self._slot_key(request) if slot is None else str(slot))
+        if self.admission is not None:  # usually released already by the middleware
+            self.admission.release_request(request, "left_downloader")
+
+    def _request_dropped(self, request: Request, spider: Spider | None = None) -> None:
+        assert self.admission is not None
+        self.admission.release_request(request, "dropped")
+
+    def release(self, request: Request, outcome: str) -> bool:
+        """Release the admission grant of a request that ended; idempotent."""
+        if self.admission is None:
+            return False
+        return self.admission.release_request(request, outcome)
 
     # -- stats -----------------------------------------------------------------------------
 

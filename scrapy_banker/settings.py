@@ -61,6 +61,14 @@ DEFAULTS: dict[str, Any] = {
     "BANKER_BUCKET_CAPACITY": 1024,
     "BANKER_DIRECTORY_MAX_DEPTH": 16,
     "BANKER_CACHE_BUCKET_SIZE": 4096,
+    # Banker's admission: resource -> total units ({} disables admission).
+    "BANKER_RESOURCES": {},
+    # Topic -> maximum claim of a task of that topic, e.g. {"shop": {"sessions": 1}}.
+    "BANKER_TASK_CLAIMS": {},
+    # Seconds a task may hold resources with no request in flight before reclaim.
+    "BANKER_TASK_TIMEOUT": 300.0,
+    # "banker" (safe states only) or "naive" (first come, first served; for comparison).
+    "BANKER_ADMISSION_POLICY": "banker",
     # Request classes (import paths) allowed back from JOBDIR besides Scrapy's own.
     "BANKER_SERIALIZE_ALLOWED_CLASSES": [],
     # Path of a JSON file the stats exporter writes when the spider closes.
@@ -107,6 +115,10 @@ class BankerConfig:
     directory_max_depth: int = 16
     cache_bucket_size: int = 4096
     serialize_allowed_classes: tuple[str, ...] = ()
+    resources: Mapping[str, int] = field(default_factory=dict)
+    task_claims: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    task_timeout: float = 300.0
+    admission_policy: str = "banker"
     stats_file: str | None = None
     farm_domain: str = "farm.test"
 
@@ -252,6 +264,36 @@ def _parse_rules(value: Any) -> tuple[TopicRule, ...]:
     return tuple(rules)
 
 
+def _json_if_str(name: str, value: Any) -> Any:
+    if isinstance(value, str):
+        import json
+
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise _bad(name, value, f"not valid JSON ({exc})") from None
+    return value
+
+
+def _parse_vector(name: str, value: Any, known: Mapping[str, int] | None) -> dict[str, int]:
+    value = _json_if_str(name, value)
+    if not isinstance(value, Mapping):
+        raise _bad(name, value, 'expected a dict of resource -> int, e.g. {"browser_pages": 4}')
+    out: dict[str, int] = {}
+    for res, amount in value.items():
+        where = f"{name}[{res!r}]"
+        if not isinstance(res, str) or not _TOPIC_NAME_RE.match(res):
+            raise _bad(where, res, "a resource name is 1-64 letters, digits, '_', '.', '-'")
+        if known is not None and res not in known:
+            raise _bad(where, amount, f"unknown resource; BANKER_RESOURCES has {sorted(known)}")
+        out[res] = _as_positive_int(where, amount, 0)
+        if known is not None and out[res] > known[res]:
+            raise _bad(
+                where, amount, f"above the total of {res!r} ({known[res]}): never admissible"
+            )
+    return out
+
+
 def load_config(settings: SettingsLike) -> BankerConfig:
     """Validate every ``BANKER_*`` setting; raise ``ValueError`` naming the culprit."""
     stats_file = _get(settings, "BANKER_STATS_FILE")
@@ -294,8 +336,29 @@ def load_config(settings: SettingsLike) -> BankerConfig:
                 spec.slice_s,
                 f"must be >= BANKER_TOPIC_MIN_SLICE ({min_slice})",
             )
+    resources = _parse_vector("BANKER_RESOURCES", _get(settings, "BANKER_RESOURCES"), None)
+    raw_claims = _json_if_str("BANKER_TASK_CLAIMS", _get(settings, "BANKER_TASK_CLAIMS"))
+    if not isinstance(raw_claims, Mapping):
+        raise _bad(
+            "BANKER_TASK_CLAIMS",
+            raw_claims,
+            'expected topic -> {resource: int}, e.g. {"shop": {"sessions": 1}}',
+        )
+    task_claims = {
+        _as_topic_name(f"BANKER_TASK_CLAIMS[{t!r}]", t): _parse_vector(
+            f"BANKER_TASK_CLAIMS[{t!r}]", c, resources
+        )
+        for t, c in raw_claims.items()
+    }
+    policy = _get(settings, "BANKER_ADMISSION_POLICY")
+    if policy not in ("banker", "naive"):
+        raise _bad("BANKER_ADMISSION_POLICY", policy, "allowed: ['banker', 'naive']")
     return BankerConfig(
         enabled=_as_bool("BANKER_ENABLED", _get(settings, "BANKER_ENABLED")),
+        resources=resources,
+        task_claims=task_claims,
+        task_timeout=_as_float("BANKER_TASK_TIMEOUT", _get(settings, "BANKER_TASK_TIMEOUT"), 0.0),
+        admission_policy=policy,
         topics=topics,
         topic_slice=topic_slice,
         topic_min_slice=min_slice,

@@ -1,0 +1,403 @@
+"""Real crawls of a skewed web farm: pages/s and topic fairness, three schedulers.
+
+Why this workload: broad crawls are dominated by a few huge sites, and the
+huge ones are often the slow ones.  The farm (``scrapy_banker.testing.webfarm``)
+has one giant, slow host -- ``h0000`` holds a Zipf(s=3) share of the pages,
+about half of all of them, and answers after ``--slow-ms`` (250 ms) -- and many
+small, fast hosts (``--fast-ms``, 5 ms; at least 30 pages each).  Every host's
+content pages are split round-robin between the topics ``news``, ``archive``
+and ``products`` (``/<topic>/<k>.html``); a host's root links to its three
+topic indexes and each index links to every page of its topic, so a host's
+whole frontier is discovered two fetches after its root.
+
+* ``ScrapyPriorityQueue`` keeps one global LIFO stack per priority and serves
+  start requests (the host roots) only when that stack is empty.  The giant
+  host's root is the first seed; when its topic indexes are parsed, tens of
+  thousands of its requests land on top of the stack and stay there.  The
+  engine then keeps pulling giant-host requests until the downloader holds
+  ``CONCURRENT_REQUESTS`` of them, and every response brings the next one: the
+  crawl runs at the slow host's pace (``CONCURRENT_REQUESTS_PER_DOMAIN`` / 0.25 s
+  in theory) while the other hosts' roots wait.  LIFO also serves one topic
+  (the last index parsed) far more than the others.
+* ``DownloaderAwarePriorityQueue`` (DAPQ) avoids the trap by always serving
+  the download slot with the fewest active requests, but it scans all of its
+  slot queues (one per host with pending requests) on every pop and on every
+  ``has_pending_requests()``, which costs real CPU with 1,000+ hosts; and it
+  is topic-blind (each slot is a LIFO priority queue, so every host serves
+  ``products`` -- its last index -- first).
+* BankerScheduler is meant to be slot-aware at O(1) cost and to give the
+  equal-priority topics equal shares.  Targets (printed, not asserted):
+  >= 2x ScrapyPriorityQueue pages/s, >= 1.1x DAPQ pages/s, Jain >= 0.98.
+
+Cross-host links are off by default (``--cross-links 0``).  With the farm's
+default 10% of pages linking to another host, LIFO wanders depth-first from
+small host to small host, the giant host's indexes get buried under that
+stream and whether ScrapyPriorityQueue ever reaches them within the budget
+becomes a matter of timing (when it does not, it crawls only fast hosts and
+starves the giant one instead).  Without them the outcome is reproducible.
+
+Each scheduler crawls a freshly started farm in its own process
+(``_crawl_runner.py``) with identical settings -- ``CONCURRENT_REQUESTS=32``,
+``CONCURRENT_REQUESTS_PER_DOMAIN=4``, scrapy-banker's add-on (so the per-topic
+``banker/topic/<t>/responses`` stats exist for every scheduler), equal-priority
+``BANKER_TOPICS`` -- only ``SCHEDULER`` (and, for the peers,
+``SCHEDULER_PRIORITY_QUEUE``) differ; project settings win over the add-on's.
+A crawl stops after a fixed budget (``CLOSESPIDER_TIMEOUT``): crawling to
+completion would end with the giant slow host's tail alone, which measures
+its latency, not the scheduler.  ``pages/s = response_received_count /
+elapsed_time_seconds`` from the final stats (``BANKER_STATS_FILE``).
+
+Fairness, from per-topic samples taken every ``SAMPLE_INTERVAL`` (0.5 s) by
+the runner's ``TopicSampler`` extension:
+
+* ``topic_jain_index``: Jain's index of the topics' response counts over the
+  window in which *every* topic had pending work (scheduled, not yet
+  downloaded): from the first sample where all are pending to the first
+  sample where one is not, clipped to the budget.  Outside that window an
+  empty topic *cannot* get its share, so counting it would blame the
+  scheduler for the workload.  With the giant host every topic normally stays
+  pending for the whole budget.  1.0 = equal shares, 1/3 = one topic took all.
+* ``max_topic_wait_s``: the longest run of consecutive sampling intervals in
+  which a topic had pending work at the start of the interval and got no
+  response by its end.  Resolution is one sampling interval: a gap shorter
+  than 0.5 s may read as 0, and a reported wait can be up to one interval
+  longer than the true one.  0 means no topic ever waited a whole interval.
+
+Usage::
+
+    python benchmarks/crawl_skewed.py --quick     # 1,000 hosts, 20 s per crawl (~1 min)
+    python benchmarks/crawl_skewed.py             # 2,000 hosts, 60 s per crawl
+
+The last stdout line is a JSON object: ``pages_per_s_banker``,
+``pages_per_s_scrapy_pq``, ``pages_per_s_dapq``, ``ratio_banker_vs_scrapy_pq``,
+``ratio_banker_vs_dapq``, ``topic_jain_index`` and ``max_topic_wait_s`` (banker
+run), ``topic_jain_index_<peer>`` and ``max_topic_wait_s_<peer>``, and
+``runs`` with the details of each crawl -- among them ``steady_pages_per_s``
+(responses/s over the last 75% of the budget: the early seconds are dominated
+by parsing topic indexes with thousands of links, and how many of the giant
+host's indexes a scheduler fetches early varies), ``crawler_cpu_s`` and
+``giant_host_requests``.  A figure that cannot be computed
+(e.g. no window in which all topics were pending) is ``null``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import _common
+
+from scrapy_banker.testing.resolver import farm_settings
+from scrapy_banker.testing.webfarm import FarmConfig, FarmModel, WebFarm
+
+RUNNER = Path(__file__).with_name("_crawl_runner.py")
+#: Seconds between two per-topic samples: the resolution of max_topic_wait_s.
+SAMPLE_INTERVAL = 0.5
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Farm shape and crawl budget of one benchmark mode."""
+
+    hosts: int
+    total_pages: int
+    min_pages_per_host: int
+    zipf_s: float
+    slow_ms: float
+    fast_ms: float
+    seconds: float
+    cross_links: float = 0.0
+
+    def farm_config(self) -> FarmConfig:
+        return FarmConfig(
+            seed=7,
+            hosts=self.hosts,
+            total_pages=self.total_pages,
+            min_pages_per_host=self.min_pages_per_host,
+            zipf_s=self.zipf_s,
+            topics=_common.TOPICS,
+            latency_ms=self.fast_ms,
+            host_latency_ms={0: self.slow_ms},
+            cross_host_link_prob=self.cross_links,
+        )
+
+
+FULL = Workload(2000, 100_000, 40, 3.0, 250.0, 5.0, 60.0)
+QUICK = Workload(1000, 40_000, 30, 3.0, 250.0, 5.0, 20.0)
+TINY = Workload(20, 3000, 20, 3.0, 250.0, 5.0, 3.0)
+
+
+def crawl_settings(
+    name: str, seconds: float, stats_file: str, samples_file: str, reactor: str | None = None
+) -> dict[str, Any]:
+    """Settings of one run: identical for every scheduler except the scheduler itself."""
+    extra = {"TWISTED_REACTOR": reactor} if reactor else {}
+    return {
+        **extra,
+        **farm_settings(),
+        **_common.DUPEFILTER,
+        **_common.TOPIC_SETTINGS,
+        **_common.SCHEDULERS[name],
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "BANKER_STATS_FILE": stats_file,
+        "CONCURRENT_REQUESTS": 32,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "DOWNLOAD_DELAY": 0,
+        "ROBOTSTXT_OBEY": False,
+        "TELNETCONSOLE_ENABLED": False,
+        "REMOTE_CONTROL_ENABLED": False,
+        "LOG_LEVEL": "WARNING",
+        "CLOSESPIDER_TIMEOUT": seconds,
+        "BENCH_TOPICS": list(_common.TOPICS),
+        "BENCH_SAMPLE_INTERVAL": SAMPLE_INTERVAL,
+        "BENCH_SAMPLES_FILE": samples_file,
+    }
+
+
+def fairness(samples: Sequence[dict[str, Any]], budget: float) -> dict[str, Any]:
+    """Jain's index over the all-topics-pending window and the longest sampled topic wait.
+
+    ``samples`` are the sampler's records (``t``, ``responses``, ``pending``,
+    one value per topic, in the same topic order); samples after ``budget``
+    seconds (the spider is closing, nothing new is dispatched) are ignored.
+    """
+    usable = [s for s in samples if s["t"] <= budget + 1e-6 and not s.get("final")]
+    start = next((i for i, s in enumerate(usable) if all(p > 0 for p in s["pending"])), None)
+    jain = math.nan
+    window = 0.0
+    shares: list[int] = []
+    if start is not None:
+        end = start
+        while end + 1 < len(usable) and all(p > 0 for p in usable[end]["pending"]):
+            end += 1
+        first, last = usable[start], usable[end]
+        shares = [b - a for a, b in zip(first["responses"], last["responses"], strict=True)]
+        window = last["t"] - first["t"]
+        jain = _common.jain_index(shares)
+    max_wait = 0.0
+    n_topics = len(usable[0]["pending"]) if usable else 0
+    for k in range(n_topics):
+        run = 0.0
+        for a, b in itertools.pairwise(usable):
+            if a["pending"][k] > 0 and b["responses"][k] == a["responses"][k]:
+                run += b["t"] - a["t"]
+                max_wait = max(max_wait, run)
+            else:
+                run = 0.0
+    return {"jain": jain, "window_s": window, "shares": shares, "max_wait_s": max_wait}
+
+
+def steady_pages_per_s(samples: Sequence[dict[str, Any]], budget: float) -> float:
+    """Responses/s over the last 75% of the budget, from the sampler's ``all`` counts.
+
+    The first seconds of a crawl are dominated by discovery (parsing topic
+    indexes with thousands of links), whose amount depends on *which*
+    indexes a scheduler happens to fetch early; this figure shows the rate
+    once that is mostly done.  Reported next to, not instead of, pages/s.
+    """
+    usable = [s for s in samples if s["t"] <= budget + 1e-6 and not s.get("final") and "all" in s]
+    start = next((s for s in usable if s["t"] >= 0.25 * budget), None)
+    if start is None or usable[-1]["t"] <= start["t"]:
+        return math.nan
+    return float(usable[-1]["all"] - start["all"]) / (usable[-1]["t"] - start["t"])
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_crawl(
+    name: str, workload: Workload, workdir: Path, reactor: str | None = None
+) -> dict[str, Any]:
+    """One crawl of a fresh farm with scheduler ``name``; returns its figures."""
+    stats_file = workdir / f"{name}-stats.json"
+    samples_file = workdir / f"{name}-samples.json"
+    spec_file = workdir / f"{name}-spec.json"
+    with WebFarm(workload.farm_config()) as farm:
+        spec = {
+            "settings": crawl_settings(
+                name, workload.seconds, str(stats_file), str(samples_file), reactor
+            ),
+            "seeds": farm.start_urls(),
+        }
+        spec_file.write_text(json.dumps(spec), encoding="utf-8")
+        started = time.perf_counter()
+        cpu_before = _children_cpu_s()
+        proc = subprocess.run(
+            [sys.executable, str(RUNNER), str(spec_file)],
+            capture_output=True,
+            text=True,
+            timeout=workload.seconds + 180,
+            check=False,
+        )
+        wall = time.perf_counter() - started
+        # Only the crawler: the farm child is reaped (and counted) after this.
+        crawler_cpu = _children_cpu_s() - cpu_before
+        server = farm.stats()
+    if proc.returncode != 0 or not stats_file.exists() or not samples_file.exists():
+        sys.stderr.write(proc.stderr[-5000:])
+        raise SystemExit(f"crawl_skewed: the {name} crawl failed (exit code {proc.returncode})")
+    stats = json.loads(stats_file.read_text(encoding="utf-8"))
+    sampled = json.loads(samples_file.read_text(encoding="utf-8"))
+    samples = sampled["samples"]
+    topics = sampled["topics"]
+    banker_total = sum(samples[-1]["responses"]) if samples else 0
+    if banker_total == 0 and samples and sum(samples[-1]["received"]) > 0:
+        # The add-on's counters are missing: fall back to the sampler's own count.
+        print(f"  warning: no banker/topic/*/responses stats in the {name} run; using own counts")
+        for s in samples:
+            s["responses"] = s["received"]
+    fair = fairness(samples, workload.seconds)
+    responses = int(stats.get("response_received_count", 0))
+    elapsed = float(stats.get("elapsed_time_seconds") or math.nan)
+    final = samples[-1]["responses"] if samples else [0] * len(topics)
+    return {
+        "pages_per_s": responses / elapsed if elapsed > 0 else math.nan,
+        "steady_pages_per_s": steady_pages_per_s(samples, workload.seconds),
+        "responses": responses,
+        "elapsed_s": elapsed,
+        "wall_s": wall,
+        "crawler_cpu_s": crawler_cpu,
+        "finish_reason": stats.get("finish_reason"),
+        "topic_responses": dict(zip(topics, final, strict=True)),
+        "topic_jain_index": fair["jain"],
+        "jain_window_s": fair["window_s"],
+        "jain_window_shares": dict(zip(topics, fair["shares"], strict=False)),
+        "max_topic_wait_s": fair["max_wait_s"],
+        "server_requests": server.get("requests"),
+        "max_inflight_giant_host": server.get("max_inflight_per_host", {}).get(
+            farm.model.host_name(0)
+        ),
+        "giant_host_requests": server.get("per_host", {}).get(farm.model.host_name(0), 0),
+    }
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n", 1)[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="1,000 hosts, 20 s per crawl")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests
+    parser.add_argument("--hosts", type=int, default=None, help="number of farm hosts")
+    parser.add_argument("--pages", type=int, default=None, help="FarmConfig.total_pages")
+    parser.add_argument("--seconds", type=float, default=None, help="crawl budget per scheduler")
+    parser.add_argument("--slow-ms", type=float, default=None, help="latency of the giant host")
+    parser.add_argument("--fast-ms", type=float, default=None, help="latency of the others")
+    parser.add_argument(
+        "--cross-links",
+        type=float,
+        default=None,
+        help="FarmConfig.cross_host_link_prob (default 0: see the module docstring)",
+    )
+    parser.add_argument(
+        "--reactor", default=None, help="TWISTED_REACTOR import path (default: Scrapy's)"
+    )
+    return parser.parse_args(argv)
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    base = TINY if args.tiny else QUICK if args.quick else FULL
+    return Workload(
+        hosts=args.hosts if args.hosts is not None else base.hosts,
+        total_pages=args.pages if args.pages is not None else base.total_pages,
+        min_pages_per_host=base.min_pages_per_host,
+        zipf_s=base.zipf_s,
+        slow_ms=args.slow_ms if args.slow_ms is not None else base.slow_ms,
+        fast_ms=args.fast_ms if args.fast_ms is not None else base.fast_ms,
+        seconds=args.seconds if args.seconds is not None else base.seconds,
+        cross_links=args.cross_links if args.cross_links is not None else base.cross_links,
+    )
+
+
+def _fmt(value: float, spec: str) -> str:
+    return "n/a" if not math.isfinite(value) else format(value, spec)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    workload = _workload(args)
+    started = time.perf_counter()
+    pages = FarmModel(workload.farm_config()).page_counts()
+    print(
+        f"farm: {workload.hosts} hosts, {sum(pages):,} content pages; giant host h0000: "
+        f"{pages[0]:,} pages ({pages[0] / sum(pages):.0%}) at {workload.slow_ms:g} ms, "
+        f"others {min(pages[1:], default=0)}-{max(pages[1:], default=0)} pages at "
+        f"{workload.fast_ms:g} ms; cross-host links {workload.cross_links:g}; "
+        f"{workload.seconds:g} s per crawl",
+        flush=True,
+    )
+    runs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="crawl_skewed-") as tmp:
+        for name in _common.SCHEDULERS:
+            run = runs[name] = run_crawl(name, workload, Path(tmp), args.reactor)
+            shares = ", ".join(f"{t} {n}" for t, n in run["topic_responses"].items())
+            print(
+                f"  {name:<9} {_fmt(run['pages_per_s'], '8.1f')} pages/s "
+                f"(last 75% of the budget: {_fmt(run['steady_pages_per_s'], '.1f')}; "
+                f"{run['responses']} responses in {run['elapsed_s']:.1f} s, "
+                f"giant host {run['giant_host_requests']}, crawler CPU "
+                f"{run['crawler_cpu_s'] / run['wall_s']:.0%}); topics: {shares}; "
+                f"Jain {_fmt(run['topic_jain_index'], '.3f')} over "
+                f"{run['jain_window_s']:.1f} s; max topic wait {run['max_topic_wait_s']:.1f} s",
+                flush=True,
+            )
+    banker, spq, dapq = runs["banker"], runs["scrapy_pq"], runs["dapq"]
+    r_spq = _common.ratio(banker["pages_per_s"], spq["pages_per_s"])
+    r_dapq = _common.ratio(banker["pages_per_s"], dapq["pages_per_s"])
+    print(_common.target_line("banker vs scrapy_pq pages/s", r_spq, 2))
+    print(_common.target_line("banker vs dapq pages/s", r_dapq, 1.1))
+    print(_common.target_line("banker topic Jain index", banker["topic_jain_index"], 0.98, ""))
+    print(
+        f"max topic wait (sampled every {SAMPLE_INTERVAL:g} s): banker "
+        f"{banker['max_topic_wait_s']:.1f} s, scrapy_pq {spq['max_topic_wait_s']:.1f} s, "
+        f"dapq {dapq['max_topic_wait_s']:.1f} s"
+    )
+    print(f"total time {time.perf_counter() - started:.1f} s")
+
+    def num(value: float, digits: int = 4) -> float | None:
+        return round(value, digits) if math.isfinite(value) else None
+
+    out: dict[str, Any] = {
+        "pages_per_s_banker": num(banker["pages_per_s"], 2),
+        "pages_per_s_scrapy_pq": num(spq["pages_per_s"], 2),
+        "pages_per_s_dapq": num(dapq["pages_per_s"], 2),
+        "ratio_banker_vs_scrapy_pq": num(r_spq),
+        "ratio_banker_vs_dapq": num(r_dapq),
+        "topic_jain_index": num(banker["topic_jain_index"]),
+        "max_topic_wait_s": num(banker["max_topic_wait_s"], 2),
+        "topic_jain_index_scrapy_pq": num(spq["topic_jain_index"]),
+        "max_topic_wait_s_scrapy_pq": num(spq["max_topic_wait_s"], 2),
+        "topic_jain_index_dapq": num(dapq["topic_jain_index"]),
+        "max_topic_wait_s_dapq": num(dapq["max_topic_wait_s"], 2),
+        "seconds": workload.seconds,
+        "hosts": workload.hosts,
+        "cross_links": workload.cross_links,
+        "reactor": args.reactor,
+        "sample_interval_s": SAMPLE_INTERVAL,
+        "runs": {
+            name: {
+                k: (_common.finite_or_none(v) if isinstance(v, float) else v)
+                for k, v in run.items()
+            }
+            for name, run in runs.items()
+        },
+    }
+    _common.emit_json(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

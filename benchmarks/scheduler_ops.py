@@ -19,8 +19,8 @@ What is measured, identically for every scheduler:
   (``build_from_crawler(load_object(SCHEDULER), crawler)``) on a crawler from
   ``scrapy.utils.test.get_crawler``, with Scrapy's ``RFPDupeFilter`` for all,
   so fingerprinting costs are equal;
-* a stand-in engine whose downloader has an idle slot (no active request)
-  for every domain -- the standard "all slots free" situation, in which DAPQ
+* a stand-in engine holding Scrapy's real ``Downloader``, with an idle slot
+  (no active request) for every domain -- the standard "all slots free" situation, in which DAPQ
   scans all its slot queues on each pop;
 * ``enqueue_request`` for all ``R`` requests, then ``next_request`` until it
   returns ``None``; ``ops/s = (enqueues + dequeues) / seconds``
@@ -67,8 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 import _common
 from scrapy import Request, Spider
-from scrapy.core.downloader import Slot
-from scrapy.utils.httpobj import urlparse_cached
+from scrapy.core.downloader import Downloader, Slot
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.test import get_crawler
 from twisted.internet.defer import Deferred
@@ -93,52 +92,24 @@ COMMON_SETTINGS: dict[str, Any] = {
 }
 
 
-class FakeDownloader:
-    """The part of ``scrapy.core.downloader.Downloader`` that schedulers read.
+def make_downloader(crawler: Crawler, slot_keys: Sequence[str]) -> Downloader:
+    """Scrapy's own ``Downloader``, every slot created up front and idle.
 
-    The real ``Downloader`` starts a slot garbage-collection loop, which
-    needs a running reactor; this stand-in holds real
-    :class:`scrapy.core.downloader.Slot` objects (``active``,
-    ``transferring``, ``queue``, ``concurrency``, ``delay``, ``lastseen``)
-    and computes slot keys exactly like Scrapy (``meta["download_slot"]``,
-    else the URL's host name).  Every slot is idle: nothing is downloading.
+    Creating the slots here (instead of through ``_get_slot``) keeps the
+    downloader from starting its slot garbage-collection loop, which would
+    need a running reactor; everything the schedulers read -- ``slots``,
+    ``get_slot_key``, ``active``, per-slot concurrency -- is the real thing.
     """
-
-    DOWNLOAD_SLOT = "download_slot"
-
-    def __init__(self, crawler: Crawler, slot_keys: Sequence[str]) -> None:
-        self.crawler = crawler
-        self.settings = crawler.settings
-        self.signals = crawler.signals
-        self.total_concurrency = crawler.settings.getint("CONCURRENT_REQUESTS")
-        self.domain_concurrency = crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
-        self.ip_concurrency = 0
-        self.active: set[Request] = set()
-        self.slots: dict[str, Slot] = {key: self._new_slot() for key in slot_keys}
-
-    def _new_slot(self) -> Slot:
-        return Slot(self.domain_concurrency, 0.0, 0.0)
-
-    def get_slot_key(self, request: Request) -> str:
-        meta_slot: str | None = request.meta.get(self.DOWNLOAD_SLOT)
-        if meta_slot is not None:
-            return meta_slot
-        return urlparse_cached(request).hostname or ""
-
-    def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, Slot]:
-        key = self.get_slot_key(request)
-        if key not in self.slots:
-            self.slots[key] = self._new_slot()
-        return key, self.slots[key]
-
-    def needs_backout(self) -> bool:
-        return 0 < self.total_concurrency <= len(self.active)
+    downloader = Downloader(crawler)
+    for key in slot_keys:
+        downloader.slots[key] = Slot(downloader.domain_concurrency, 0.0, 0.0)
+    return downloader
 
 
 class FakeEngine:
     """``crawler.engine`` as far as schedulers and priority queues look at it."""
 
-    def __init__(self, crawler: Crawler, downloader: FakeDownloader) -> None:
+    def __init__(self, crawler: Crawler, downloader: Downloader) -> None:
         self.crawler = crawler
         self.downloader = downloader
         self.paused = False
@@ -216,7 +187,7 @@ def measure(
     """Build ``name``'s scheduler afresh, enqueue every URL, dequeue until empty."""
     crawler = get_crawler(Spider, {**COMMON_SETTINGS, **_common.SCHEDULERS[name]})
     crawler.spider = Spider.from_crawler(crawler, "scheduler_ops")
-    downloader = FakeDownloader(crawler, slot_keys)
+    downloader = make_downloader(crawler, slot_keys)
     crawler.engine = FakeEngine(crawler, downloader)  # type: ignore[assignment]
     scheduler = build_from_crawler(load_object(crawler.settings["SCHEDULER"]), crawler)
     _settle(scheduler.open(crawler.spider), f"{name}: open()")

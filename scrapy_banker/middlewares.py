@@ -91,7 +91,7 @@ class BankerDownloaderMiddleware:
         return response
 
     def _release(self, request: Request, outcome: str) -> None:
-        if "banker_grant" in request.meta:
+        if "banker_slot" in request.meta or "banker_grant" in request.meta:
             release = getattr(running_scheduler(self.crawler), "release", None)
             if release is not None:
                 release(request, outcome)

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+#: Slot a dispatched request was counted against; popped when it ends.
+META_SLOT = "banker_slot"
 
 
 class BankerScheduler(BaseScheduler):
@@ -88,6 +90,15 @@ class BankerScheduler(BaseScheduler):
         # True when the slot key is Scrapy's rule (meta download_slot, else the
         # host name), which we can compute without urlparse_cached.
         self._scrapy_slots = False
+        # Requests handed to the engine and not ended yet, per slot.  Scrapy's
+        # slot.active is filled asynchronously (after the downloader
+        # middlewares), so under the asyncio reactor it lags behind a burst of
+        # next_request calls; counting our own dispatches keeps every slot
+        # within its concurrency whatever the reactor.
+        self._inflight: dict[str, int] = {}
+        self._default_concurrency = max(
+            1, crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
+        )
         self.admission: Admission | None = None
         if config.resources:
             self.admission = Admission(
@@ -133,8 +144,7 @@ class BankerScheduler(BaseScheduler):
         self.crawler.signals.connect(
             self._request_left_downloader, signal=signals.request_left_downloader
         )
-        if self.admission is not None:
-            self.crawler.signals.connect(self._request_dropped, signal=signals.request_dropped)
+        self.crawler.signals.connect(self._request_dropped, signal=signals.request_dropped)
         if self.jobdir:
             self._restore()
         return self.df.open()
@@ -143,8 +153,8 @@ class BankerScheduler(BaseScheduler):
         self.crawler.signals.disconnect(
             self._request_left_downloader, signal=signals.request_left_downloader
         )
+        self.crawler.signals.disconnect(self._request_dropped, signal=signals.request_dropped)
         if self.admission is not None:
-            self.crawler.signals.disconnect(self._request_dropped, signal=signals.request_dropped)
             self._requeue_parked(self.clock())  # so JOBDIR saves them
             self.admission.close()
         if self.jobdir:
@@ -227,6 +237,8 @@ class BankerScheduler(BaseScheduler):
                     self._parked.append(entry)
                     continue
             break
+        request.meta[META_SLOT] = entry.slot
+        self._inflight[entry.slot] = self._inflight.get(entry.slot, 0) + 1
         self.stats.inc_value("scheduler/dequeued/memory")
         self.stats.inc_value("scheduler/dequeued")
         name = f"banker/topic/{entry.topic}/dequeued"
@@ -286,30 +298,69 @@ class BankerScheduler(BaseScheduler):
         )
 
     def _is_free(self, slot_key: str) -> bool:
-        if self._downloader is None:
+        if self._downloader is None:  # no engine (tests, tools): nothing to protect
             return True
+        ours = self._inflight.get(slot_key, 0)
         slot = self._downloader.slots.get(slot_key)
-        return slot is None or len(slot.active) < slot.concurrency
+        if slot is None:
+            return ours < self._slot_concurrency(slot_key)
+        return max(ours, len(slot.active)) < int(slot.concurrency)
+
+    def _slot_concurrency(self, slot_key: str) -> int:
+        """Concurrency the downloader will give a slot it has not created yet."""
+        dl = self._downloader
+        per_slot = getattr(dl, "per_slot_settings", {}).get(slot_key, {})
+        default = getattr(dl, "ip_concurrency", 0) or getattr(
+            dl, "domain_concurrency", self._default_concurrency
+        )
+        return max(1, int(per_slot.get("concurrency", default)))
+
+    def _ended(self, request: Request) -> None:
+        """A dispatched request ended (any path): its slot has room again; idempotent."""
+        slot = request.meta.pop(META_SLOT, None)
+        if slot is None:
+            return
+        left = self._inflight.get(slot, 0) - 1
+        if left > 0:
+            self._inflight[slot] = left
+        else:
+            self._inflight.pop(slot, None)
+        self.frontier.slot_freed(slot)
 
     def _downloader_idle(self) -> bool:
         if self._downloader is None:
             return True
         active = getattr(self._downloader, "active", None)
-        return active is not None and not active
+        if active is None or active:
+            return False
+        # Nothing is in the downloader: whatever we still count as in flight
+        # ended on a path we did not see (e.g. the engine dropped it).
+        self._inflight.clear()
+        return True
 
     def _request_left_downloader(self, request: Request, spider: Spider | None = None) -> None:
-        # The downloader wrote the slot it used into meta: exact and free.
+        self._ended(request)
+        # The downloader wrote the slot it used into meta: if a middleware
+        # changed it, that slot has room now too.
         slot = request.meta.get("download_slot")
-        self.frontier.slot_freed(self._slot_key(request) if slot is None else str(slot))
+        if slot is not None:
+            self.frontier.slot_freed(str(slot))
         if self.admission is not None:  # usually released already by the middleware
             self.admission.release_request(request, "left_downloader")
 
     def _request_dropped(self, request: Request, spider: Spider | None = None) -> None:
-        assert self.admission is not None
-        self.admission.release_request(request, "dropped")
+        self._ended(request)
+        if self.admission is not None:
+            self.admission.release_request(request, "dropped")
 
     def release(self, request: Request, outcome: str) -> bool:
-        """Release the admission grant of a request that ended; idempotent."""
+        """A request ended (``outcome``: how): free its slot and admission grant; idempotent.
+
+        Called by :class:`~scrapy_banker.middlewares.BankerDownloaderMiddleware`
+        for responses and exceptions, so requests that never reach the
+        downloader (IgnoreRequest, cached responses) are accounted for too.
+        """
+        self._ended(request)
         if self.admission is None:
             return False
         return self.admission.release_request(request, outcome)

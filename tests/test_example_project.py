@@ -113,7 +113,7 @@ def _crawl_keep_farm(
     stats_file, items_file = tmp / "stats.json", tmp / "items.jsonl"
     cmd = [
         sys.executable, "-m", "scrapy", "crawl", "farm",
-        "-a", f"port={farm.port}", "-a", f"hosts={HOSTS}",
+        "-a", f"port={farm.port}", "-a", f"hosts={farm.model.hosts}",
         "-s", f"BANKER_STATS_FILE={stats_file}", "-s", "LOG_LEVEL=WARNING",
         "-O", str(items_file),
     ]  # fmt: skip
@@ -124,3 +124,18 @@ def _crawl_keep_farm(
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     items = [json.loads(line) for line in items_file.read_text().splitlines()]
     return json.loads(stats_file.read_text()), items
+
+
+def test_per_host_concurrency_holds_under_the_asyncio_reactor(tmp_path: Path) -> None:
+    """Scrapy 2.19 + asyncio reactor overfills a slot; BankerScheduler does not."""
+    with WebFarm(FarmConfig(seed=3, hosts=2, total_pages=80, latency_ms=100.0)) as slow:
+        stats, items = _crawl(
+            slow,
+            tmp_path,
+            "CONCURRENT_REQUESTS_PER_DOMAIN=2",
+            "TWISTED_REACTOR=twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+        )
+        inflight = slow.stats()["max_inflight_per_host"]
+        assert {i["url"] for i in items} == slow.expected_urls()
+    assert max(inflight.values()) == 2, inflight
+    assert stats["finish_reason"] == "finished"

@@ -95,6 +95,21 @@ def test_rules_first_match_wins_and_fall_back_to_default() -> None:
         ({"BANKER_DIRECTORY_MAX_DEPTH": 30}, r"BANKER_DIRECTORY_MAX_DEPTH=30.*0 to 24"),
         ({"BANKER_CACHE_BUCKET_SIZE": -1}, r"BANKER_CACHE_BUCKET_SIZE=-1"),
         ({"BANKER_SERIALIZE_ALLOWED_CLASSES": [1]}, r"BANKER_SERIALIZE_ALLOWED_CLASSES=\[1\]"),
+        ({"BANKER_RESOURCES": ["pages"]}, r"BANKER_RESOURCES=\['pages'\].*dict of resource"),
+        ({"BANKER_RESOURCES": {"pages": -1}}, r"BANKER_RESOURCES\['pages'\]=-1.*>= 0"),
+        ({"BANKER_RESOURCES": {"a b": 1}}, r"BANKER_RESOURCES\['a b'\].*resource name"),
+        ({"BANKER_RESOURCES": "{bad"}, r"BANKER_RESOURCES=.*not valid JSON"),
+        (
+            {"BANKER_RESOURCES": {"pages": 2}, "BANKER_TASK_CLAIMS": {"shop": {"gpus": 1}}},
+            r"BANKER_TASK_CLAIMS\['shop'\]\['gpus'\].*unknown resource",
+        ),
+        (
+            {"BANKER_RESOURCES": {"pages": 2}, "BANKER_TASK_CLAIMS": {"shop": {"pages": 3}}},
+            r"BANKER_TASK_CLAIMS\['shop'\]\['pages'\]=3.*above the total",
+        ),
+        ({"BANKER_TASK_CLAIMS": ["x"]}, r"BANKER_TASK_CLAIMS=\['x'\].*topic ->"),
+        ({"BANKER_TASK_TIMEOUT": 0}, r"BANKER_TASK_TIMEOUT=0.*> 0"),
+        ({"BANKER_ADMISSION_POLICY": "random"}, r"BANKER_ADMISSION_POLICY='random'.*'banker', 'naive'"),
         ({"BANKER_FARM_DOMAIN": "Farm Test"}, r"BANKER_FARM_DOMAIN='Farm Test'.*DNS suffix"),
     ],
 )

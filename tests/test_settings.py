@@ -109,7 +109,10 @@ def test_rules_first_match_wins_and_fall_back_to_default() -> None:
         ),
         ({"BANKER_TASK_CLAIMS": ["x"]}, r"BANKER_TASK_CLAIMS=\['x'\].*topic ->"),
         ({"BANKER_TASK_TIMEOUT": 0}, r"BANKER_TASK_TIMEOUT=0.*> 0"),
-        ({"BANKER_ADMISSION_POLICY": "random"}, r"BANKER_ADMISSION_POLICY='random'.*'banker', 'naive'"),
+        (
+            {"BANKER_ADMISSION_POLICY": "random"},
+            r"BANKER_ADMISSION_POLICY='random'.*'banker', 'naive'",
+        ),
         ({"BANKER_FARM_DOMAIN": "Farm Test"}, r"BANKER_FARM_DOMAIN='Farm Test'.*DNS suffix"),
     ],
 )

@@ -118,6 +118,31 @@ class Admission:
                 out[name] = amount
         return out
 
+    def fitting(self, requests: list[Request]) -> list[bool]:
+        """Which parked requests are worth re-evaluating after a release.
+
+        Walks them in order against a copy of the free vector, reserving each
+        one's need: only as many as the free units could serve are retried,
+        so a release of one unit does not re-evaluate every parked request.
+        """
+        free = self.state.as_dict(self.state.available)
+        out: list[bool] = []
+        for request in requests:
+            need = request.meta.get(META_NEED)
+            if not isinstance(need, Mapping):
+                out.append(True)  # no need (a task member) or malformed: try_admit decides
+                continue
+            try:
+                fits = all(free[r] >= n for r, n in need.items())
+            except (KeyError, TypeError):
+                out.append(True)  # malformed: let try_admit report it
+                continue
+            if fits:
+                for r, n in need.items():
+                    free[r] -= n
+            out.append(fits)
+        return out
+
     def needs_admission(self, request: Request) -> bool:
         return bool(request.meta.get(META_NEED)) or META_TASK in request.meta
 

@@ -111,6 +111,7 @@ class BankerScheduler(BaseScheduler):
         # Requests parked by admission (unsafe / insufficient), re-queued on release.
         self._parked: list[Entry[Request]] = []
         self._reclaimed_at = 0.0
+        self._stall_warned_at = -1e9
         # Per-topic counters are batched into the stats at most once a second:
         # the stats collector is the dominant cost of an enqueue otherwise.
         self._topic_counts: dict[str, int] = {}
@@ -155,7 +156,7 @@ class BankerScheduler(BaseScheduler):
         )
         self.crawler.signals.disconnect(self._request_dropped, signal=signals.request_dropped)
         if self.admission is not None:
-            self._requeue_parked(self.clock())  # so JOBDIR saves them
+            self._requeue_parked(self.clock(), everything=True)  # JOBDIR saves them
             self.admission.close()
         if self.jobdir:
             self._save()
@@ -223,6 +224,8 @@ class BankerScheduler(BaseScheduler):
             entry = self._pop(now)
             if entry is None:
                 self._flush_topic_stats(now)  # idle moment: make the counters exact
+                if self._parked and self._downloader_idle():
+                    self._warn_stalled(now)
                 return None
             request = entry.item
             if admission is not None and admission.needs_admission(request):
@@ -247,6 +250,21 @@ class BankerScheduler(BaseScheduler):
             self._flush_topic_stats(now)
         return request
 
+    def _warn_stalled(self, now: float) -> None:
+        """Everything left waits for resources that only a task finishing can free."""
+        if now - self._stall_warned_at < 30.0:
+            return
+        self._stall_warned_at = now
+        assert self.admission is not None
+        logger.warning(
+            "%d requests wait for resources held by tasks with no request in flight; "
+            "they run when those tasks finish (banker_finish / finish_task) or are "
+            "reclaimed after BANKER_TASK_TIMEOUT=%gs. State:\n%s",
+            len(self._parked),
+            self.config.task_timeout,
+            self.admission.describe(),
+        )
+
     def _pop(self, now: float) -> Entry[Request] | None:
         entry = self.frontier.pop(self._is_free, now)
         # Nothing in flight can free a slot, so a wake-up was missed (e.g. a
@@ -260,12 +278,20 @@ class BankerScheduler(BaseScheduler):
             entry = self.frontier.pop(self._is_free, now)
         return entry
 
-    def _requeue_parked(self, now: float) -> None:
-        """Something was released: parked requests compete again, in their order."""
+    def _requeue_parked(self, now: float, everything: bool = False) -> None:
+        """Something was released: parked requests that could fit compete again, in order."""
         assert self.admission is not None
         self.admission.released_since_wait = False
         parked, self._parked = self._parked, []
-        for entry in parked:
+        fits = (
+            [True] * len(parked)
+            if everything
+            else self.admission.fitting([entry.item for entry in parked])
+        )
+        for entry, fit in zip(parked, fits, strict=True):
+            if not fit:
+                self._parked.append(entry)  # free units are spoken for: stay parked
+                continue
             self.frontier.push(
                 entry.item,
                 topic=entry.topic,

@@ -194,6 +194,27 @@ def test_idle_task_is_reclaimed_after_timeout(caplog: pytest.LogCaptureFixture) 
     assert "BANKER_TASK_TIMEOUT" in caplog.text
 
 
+def test_a_stall_on_idle_holders_is_explained(caplog: pytest.LogCaptureFixture) -> None:
+    scheduler = _open({"BANKER_TASK_TIMEOUT": 60})
+    holders = [
+        Request(
+            f"http://h{i}.test/",
+            meta={"banker_task": f"t{i}", "banker_need": {"sessions": 1}, "banker_hold": True},
+        )
+        for i in range(2)
+    ]
+    for req in holders:
+        scheduler.enqueue_request(req)
+    first = _dispatch(scheduler)
+    assert _dispatch(scheduler) is None  # only one session
+    _end(scheduler, first)  # t0 keeps its session, nothing in flight
+    with caplog.at_level(logging.WARNING):
+        assert _dispatch(scheduler) is None
+    assert "1 requests wait for resources held by tasks with no request in flight" in caplog.text
+    assert "BANKER_TASK_TIMEOUT=60s" in caplog.text
+    assert "sessions" in caplog.text  # the state is printed
+
+
 def test_explicit_finish_and_topic_claims() -> None:
     scheduler = _open(
         {

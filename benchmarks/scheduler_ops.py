@@ -89,6 +89,9 @@ COMMON_SETTINGS: dict[str, Any] = {
     "CONCURRENT_REQUESTS": 32,
     "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
     "LOG_LEVEL": "WARNING",
+    # Nothing is downloaded: don't build download handlers (some need a
+    # running reactor or event loop, which this benchmark does not start).
+    "DOWNLOAD_HANDLERS": {"http": None, "https": None},
 }
 
 

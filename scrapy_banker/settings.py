@@ -336,7 +336,12 @@ def load_config(settings: SettingsLike) -> BankerConfig:
                 spec.slice_s,
                 f"must be >= BANKER_TOPIC_MIN_SLICE ({min_slice})",
             )
-    resources = _parse_vector("BANKER_RESOURCES", _get(settings, "BANKER_RESOURCES"), None)
+    raw_resources = _json_if_str("BANKER_RESOURCES", _get(settings, "BANKER_RESOURCES"))
+    if isinstance(raw_resources, Mapping) and raw_resources.get("slots", 0) is None:
+        # "slots": None -> as many as Scrapy may download at once.
+        concurrent = settings.get("CONCURRENT_REQUESTS", None)
+        raw_resources = {**raw_resources, "slots": 16 if concurrent is None else concurrent}
+    resources = _parse_vector("BANKER_RESOURCES", raw_resources, None)
     raw_claims = _json_if_str("BANKER_TASK_CLAIMS", _get(settings, "BANKER_TASK_CLAIMS"))
     if not isinstance(raw_claims, Mapping):
         raise _bad(

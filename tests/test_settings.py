@@ -43,6 +43,13 @@ def test_topics_accept_json_from_command_line() -> None:
     assert config.enabled is False
 
 
+def test_slots_resource_defaults_to_scrapys_concurrency() -> None:
+    config = load_config(
+        {"BANKER_RESOURCES": {"slots": None, "pages": 2}, "CONCURRENT_REQUESTS": 24}
+    )
+    assert config.resources == {"slots": 24, "pages": 2}
+
+
 def test_rules_first_match_wins_and_fall_back_to_default() -> None:
     config = load_config(
         {

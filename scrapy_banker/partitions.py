@@ -1,0 +1,144 @@
+"""Two-level URL mapping of PQ-MCSA §1.2.2: key → logical partition → node.
+
+The paper maps a URL first onto one of M logical nodes (``hash mod M``, with
+M much larger than the number of crawlers) and then maps logical nodes onto
+the physical ones.  Only the second level changes when crawlers join or
+leave, so a membership change moves whole partitions -- never re-hashes URLs
+-- and, done carefully, moves as few partitions as possible.  Because a
+partition belongs to exactly one node at a time and all URLs of a queue key
+(a host) share a partition, one node at a time fetches a host: cluster-wide
+politeness without a global lock.
+
+This module is the table and its rebalancing rule.  Where the table lives
+(Redis) and how ownership is fenced (an epoch per partition checked in the
+Lua pop) is the distributed frontier's business; :attr:`PartitionTable.epochs`
+is what it fences with.  Pure Python, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Move", "PartitionTable", "target_counts"]
+
+
+@dataclass(frozen=True)
+class Move:
+    partition: int
+    old: str | None  # None: the partition had no live owner
+    new: str
+
+
+def target_counts(partitions: int, capacities: Mapping[str, float]) -> dict[str, int]:
+    """Partitions each node should own: proportional to capacity, summing to ``partitions``.
+
+    Largest-remainder rounding, ties broken by node name, so every node of
+    the cluster computes the same targets from the same registry.
+    """
+    if not capacities:
+        return {}
+    for node, cap in capacities.items():
+        if not cap > 0:
+            raise ValueError(f"capacity of node {node!r} must be > 0, got {cap!r}")
+    total = float(sum(capacities.values()))
+    quotas = {node: partitions * cap / total for node, cap in capacities.items()}
+    counts = {node: int(q) for node, q in quotas.items()}
+    left = partitions - sum(counts.values())
+    by_remainder = sorted(quotas, key=lambda n: (-(quotas[n] - counts[n]), n))
+    for node in by_remainder[:left]:
+        counts[node] += 1
+    return counts
+
+
+class PartitionTable:
+    """Owner and epoch of each of M logical partitions."""
+
+    def __init__(self, partitions: int = 1024) -> None:
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"partitions must be an integer >= 1, got {partitions!r}")
+        self.size = partitions
+        self.owners: list[str | None] = [None] * partitions
+        #: Bumped each time a partition changes owner: a node that still thinks
+        #: it owns an older epoch is fenced off by the frontier.
+        self.epochs: list[int] = [0] * partitions
+
+    def partition_of(self, key_hash: int) -> int:
+        """First level: the logical partition of a queue key's hash."""
+        return key_hash % self.size
+
+    def owner_of(self, key_hash: int) -> str | None:
+        return self.owners[self.partition_of(key_hash)]
+
+    def owned_by(self, node: str) -> list[int]:
+        return [p for p, owner in enumerate(self.owners) if owner == node]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for owner in self.owners:
+            if owner is not None:
+                out[owner] = out.get(owner, 0) + 1
+        return out
+
+    def rebalance(self, capacities: Mapping[str, float]) -> list[Move]:
+        """Second level: assign partitions to the live ``capacities`` nodes, moving the fewest.
+
+        A node keeps every partition it owns up to its target; partitions of
+        departed nodes and each node's surplus over its target go to the
+        nodes under target.  The number of moves is therefore
+        ``orphans + sum(max(0, owned - target))``, the minimum for these
+        targets.  Which surplus partitions move and where is deterministic.
+        """
+        targets = target_counts(self.size, capacities)
+        if not targets:
+            # No live node: nothing owns anything; epochs move so old owners are fenced.
+            for p, owner in enumerate(self.owners):
+                if owner is not None:
+                    self.owners[p] = None
+                    self.epochs[p] += 1
+            return []
+        kept: dict[str, int] = dict.fromkeys(targets, 0)
+        free: list[int] = []
+        for p, owner in enumerate(self.owners):
+            if owner in targets and kept[owner] < targets[owner]:
+                kept[owner] += 1
+            else:
+                free.append(p)
+        moves: list[Move] = []
+        needy = [(node, targets[node] - kept[node]) for node in sorted(targets)]
+        it = iter(free)
+        for node, want in needy:
+            for _ in range(want):
+                p = next(it)
+                moves.append(Move(p, self.owners[p], node))
+                self.owners[p] = node
+                self.epochs[p] += 1
+        return moves
+
+    # -- persistence (the table is stored in Redis as JSON) -------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        return {"size": self.size, "owners": list(self.owners), "epochs": list(self.epochs)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> PartitionTable:
+        try:
+            size = state["size"]
+            owners = state["owners"]
+            epochs = state["epochs"]
+        except (KeyError, TypeError):
+            raise ValueError("malformed partition table: needs size, owners, epochs") from None
+        table = cls(size)
+        if not isinstance(owners, list) or len(owners) != size:
+            raise ValueError(f"malformed partition table: owners must be a list of {size}")
+        if not isinstance(epochs, list) or len(epochs) != size:
+            raise ValueError(f"malformed partition table: epochs must be a list of {size}")
+        for p, (owner, epoch) in enumerate(zip(owners, epochs, strict=True)):
+            if owner is not None and not isinstance(owner, str):
+                raise ValueError(f"malformed partition table: owner of {p} is {owner!r}")
+            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+                raise ValueError(f"malformed partition table: epoch of {p} is {epoch!r}")
+        table.owners = list(owners)
+        table.epochs = list(epochs)
+        return table

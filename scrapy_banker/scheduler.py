@@ -73,11 +73,7 @@ class BankerScheduler(BaseScheduler):
             slice_step_s=config.topic_slice_step,
             max_wait_s=config.topic_max_wait,
         )
-        self.directory: ExtendibleDirectory[str] = ExtendibleDirectory(
-            capacity=config.bucket_capacity,
-            max_depth=config.directory_max_depth,
-            cache_capacity=config.cache_bucket_size,
-        )
+        self.directory = self._new_directory()
         self.frontier: Frontier[Request] = Frontier(self.topics, self.directory)
         self._key_of = key_policy(config.queue_key)
         self._hash_fn = bkdr if config.queue_hash == "bkdr" else murmur
@@ -203,12 +199,7 @@ class BankerScheduler(BaseScheduler):
             priority=request.priority,
             now=now,
         )
-        self.stats.inc_value("scheduler/enqueued/memory")
-        self.stats.inc_value("scheduler/enqueued")
-        name = f"banker/topic/{topic}/enqueued"
-        self._topic_counts[name] = self._topic_counts.get(name, 0) + 1
-        if now - self._flushed_at >= 1.0:
-            self._flush_topic_stats(now)
+        self._count("enqueued", topic, now)
         return True
 
     def next_request(self) -> Request | None:
@@ -242,13 +233,17 @@ class BankerScheduler(BaseScheduler):
             break
         request.meta[META_SLOT] = entry.slot
         self._inflight[entry.slot] = self._inflight.get(entry.slot, 0) + 1
-        self.stats.inc_value("scheduler/dequeued/memory")
-        self.stats.inc_value("scheduler/dequeued")
-        name = f"banker/topic/{entry.topic}/dequeued"
+        self._count("dequeued", entry.topic, now)
+        return request
+
+    def _count(self, kind: str, topic: str, now: float) -> None:
+        """``scheduler/<kind>`` as Scrapy counts it; the per-topic twin batched."""
+        self.stats.inc_value(f"scheduler/{kind}/memory")
+        self.stats.inc_value(f"scheduler/{kind}")
+        name = f"banker/topic/{topic}/{kind}"
         self._topic_counts[name] = self._topic_counts.get(name, 0) + 1
         if now - self._flushed_at >= 1.0:
             self._flush_topic_stats(now)
-        return request
 
     def _warn_stalled(self, now: float) -> None:
         """Everything left waits for resources that only a task finishing can free."""
@@ -532,12 +527,15 @@ class BankerScheduler(BaseScheduler):
             self.stats.set_value("banker/jobdir/malformed", malformed)
         logger.info("Resumed %d pending requests from %s", restored, base)
 
-    def _rebuild_directory(self) -> None:
-        fresh: ExtendibleDirectory[str] = ExtendibleDirectory(
+    def _new_directory(self) -> ExtendibleDirectory[str]:
+        return ExtendibleDirectory(
             capacity=self.config.bucket_capacity,
             max_depth=self.config.directory_max_depth,
             cache_capacity=self.config.cache_bucket_size,
         )
+
+    def _rebuild_directory(self) -> None:
+        fresh = self._new_directory()
         for entry in self.frontier.entries():
             fresh.add(entry.key, entry.key_hash, 1)
         self.directory = fresh

@@ -1,0 +1,1 @@
+"""Distributed frontier on Redis: partitions, leases, at-least-once delivery."""

@@ -1,0 +1,23 @@
+-- Lease up to N requests of a partition to the node that owns it (at-least-once).
+-- KEYS: 1 queue, 2 leases (zset id -> expiry ms), 3 payloads, 4 meta, 5 owner (string)
+-- ARGV: 1 node, 2 epoch, 3 lease ttl ms, 4 count
+-- Returns {err} if the caller does not own the partition at that epoch,
+-- else a flat list: id1, payload1, deliveries1, id2, ...
+local owner = redis.call("GET", KEYS[5])
+if owner ~= ARGV[1] .. "@" .. ARGV[2] then
+  return redis.error_reply("NOTOWNER " .. tostring(owner))
+end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = now + tonumber(ARGV[3])
+local popped = redis.call("ZPOPMIN", KEYS[1], tonumber(ARGV[4]))
+local out = {}
+for i = 1, #popped, 2 do
+  local id = popped[i]
+  redis.call("ZADD", KEYS[2], expiry, id)
+  local n = redis.call("HINCRBY", KEYS[4], "d:" .. id, 1)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call("HGET", KEYS[3], id) or ""
+  out[#out + 1] = n
+end
+return out

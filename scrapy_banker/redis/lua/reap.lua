@@ -1,0 +1,27 @@
+-- Give expired leases back to the queue, or dead-letter them after too many deliveries.
+-- KEYS: 1 queue, 2 leases, 3 payloads, 4 meta, 5 dead (list)
+-- ARGV: 1 max deliveries, 2 limit, 3 partition label
+-- Returns {requeued, dead}.
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "LIMIT", 0, tonumber(ARGV[2]))
+local requeued, dead = 0, 0
+for _, id in ipairs(expired) do
+  redis.call("ZREM", KEYS[2], id)
+  local n = tonumber(redis.call("HGET", KEYS[4], "d:" .. id) or "0")
+  local payload = redis.call("HGET", KEYS[3], id)
+  if n >= tonumber(ARGV[1]) then
+    redis.call("RPUSH", KEYS[5], cjson.encode({
+      id = id, partition = ARGV[3], deliveries = n, payload = payload or cjson.null,
+      reason = "lease expired after " .. n .. " deliveries",
+    }))
+    redis.call("HDEL", KEYS[3], id)
+    redis.call("HDEL", KEYS[4], "d:" .. id, "s:" .. id)
+    dead = dead + 1
+  else
+    local score = redis.call("HGET", KEYS[4], "s:" .. id) or "0"
+    redis.call("ZADD", KEYS[1], score, id)
+    requeued = requeued + 1
+  end
+end
+return {requeued, dead}

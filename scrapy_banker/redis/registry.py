@@ -1,0 +1,128 @@
+"""Which workers are alive, and which partitions each one owns.
+
+Each worker registers itself (id, capacity) and renews a heartbeat; a worker
+whose heartbeat is older than the timeout is dead.  Any worker may rebalance
+-- single-flight, under a short Redis lock -- with
+:meth:`PartitionTable.rebalance <scrapy_banker.partitions.PartitionTable.rebalance>`,
+which moves the fewest partitions.  The table (owners + epochs) is stored as
+JSON; each partition's ``owner`` key, ``node@epoch``, is what the Lua pop
+checks, so a worker that lost a partition is fenced off at once even before it
+reloads the table.  Heartbeats use the Redis server's clock, so workers'
+clock skew does not matter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy_banker.partitions import Move, PartitionTable
+
+if TYPE_CHECKING:
+    import redis
+
+    from scrapy_banker.redis.frontier import RedisFrontier
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NodeRegistry"]
+
+
+class NodeRegistry:
+    def __init__(
+        self,
+        client: redis.Redis,
+        frontier: RedisFrontier,
+        *,
+        node_timeout_ms: int = 30_000,
+    ) -> None:
+        if isinstance(node_timeout_ms, bool) or not isinstance(node_timeout_ms, int):
+            raise ValueError(f"node_timeout_ms must be an integer, got {node_timeout_ms!r}")
+        if node_timeout_ms < 1:
+            raise ValueError(f"node_timeout_ms must be >= 1, got {node_timeout_ms}")
+        self.client = client
+        self.frontier = frontier
+        self.node_timeout_ms = node_timeout_ms
+        prefix = frontier.prefix
+        self.nodes_key = f"{prefix}:nodes"  # hash node -> capacity
+        self.beats_key = f"{prefix}:heartbeats"  # zset node -> last beat (server ms)
+        self.table_key = f"{prefix}:table"
+        self.lock_key = f"{prefix}:rebalance-lock"
+
+    def _now_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def register(self, node: str, capacity: float = 1.0) -> None:
+        if not node or "@" in node:
+            raise ValueError(f"node id must be non-empty and without '@', got {node!r}")
+        if not capacity > 0:
+            raise ValueError(f"capacity of node {node!r} must be > 0, got {capacity!r}")
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.nodes_key, node, repr(float(capacity)))
+        pipe.zadd(self.beats_key, {node: self._now_ms()})
+        pipe.execute()
+
+    def heartbeat(self, node: str) -> None:
+        self.client.zadd(self.beats_key, {node: self._now_ms()}, xx=True)
+
+    def leave(self, node: str) -> None:
+        """A clean stop: forget the node now instead of waiting for its timeout."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hdel(self.nodes_key, node)
+        pipe.zrem(self.beats_key, node)
+        pipe.execute()
+
+    def live_nodes(self) -> dict[str, float]:
+        cutoff = self._now_ms() - self.node_timeout_ms
+        alive = {_text(n) for n in self.client.zrangebyscore(self.beats_key, cutoff, "+inf")}
+        capacities = self.client.hgetall(self.nodes_key)
+        return {_text(n): float(_text(c)) for n, c in capacities.items() if _text(n) in alive}
+
+    def load_table(self) -> PartitionTable:
+        raw = self.client.get(self.table_key)
+        if raw is None:
+            return PartitionTable(self.frontier.partitions)
+        table = PartitionTable.from_state(json.loads(raw))
+        if table.size != self.frontier.partitions:
+            raise ValueError(
+                f"the partition table in Redis has {table.size} partitions but this "
+                f"worker is configured for {self.frontier.partitions}: all workers of a "
+                "crawl must use the same partition count"
+            )
+        return table
+
+    def rebalance(self, node: str, lock_ttl_ms: int = 10_000) -> list[Move] | None:
+        """Recompute ownership for the live nodes; None if another node is doing it."""
+        if not self.client.set(self.lock_key, node, nx=True, px=lock_ttl_ms):
+            return None
+        try:
+            table = self.load_table()
+            moves = table.rebalance(self.live_nodes())
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(self.table_key, json.dumps(table.to_state()))
+            for move in moves:
+                pipe.set(
+                    self.frontier.keys(move.partition).owner,
+                    f"{move.new}@{table.epochs[move.partition]}",
+                )
+            for p, owner in enumerate(table.owners):
+                if owner is None:  # no live node: fence everyone
+                    pipe.delete(self.frontier.keys(p).owner)
+            pipe.execute()
+        finally:
+            if _text(self.client.get(self.lock_key) or b"") == node:
+                self.client.delete(self.lock_key)
+        if moves:
+            logger.info("Rebalanced: %d partitions moved", len(moves))
+        return moves
+
+    def owned(self, node: str) -> dict[int, int]:
+        """Partitions this node owns now, with the epoch to pop them with."""
+        table = self.load_table()
+        return {p: table.epochs[p] for p in table.owned_by(node)}
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -121,9 +121,11 @@ class Admission:
     def fitting(self, requests: list[Request]) -> list[bool]:
         """Which parked requests are worth re-evaluating after a release.
 
-        Walks them in order against a copy of the free vector, reserving each
-        one's need: only as many as the free units could serve are retried,
-        so a release of one unit does not re-evaluate every parked request.
+        A request whose own need exceeds what is free cannot pass step b, so
+        it stays parked.  Every other one goes back to the frontier: which of
+        them runs is decided there, by priority and by the safety check --
+        pre-selecting by park order (or reserving units for the first ones)
+        would starve a started task's next step behind new tasks.
         """
         free = self.state.as_dict(self.state.available)
         out: list[bool] = []
@@ -133,14 +135,9 @@ class Admission:
                 out.append(True)  # no need (a task member) or malformed: try_admit decides
                 continue
             try:
-                fits = all(free[r] >= n for r, n in need.items())
+                out.append(all(free[r] >= n for r, n in need.items()))
             except (KeyError, TypeError):
                 out.append(True)  # malformed: let try_admit report it
-                continue
-            if fits:
-                for r, n in need.items():
-                    free[r] -= n
-            out.append(fits)
         return out
 
     def needs_admission(self, request: Request) -> bool:

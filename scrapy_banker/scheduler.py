@@ -108,6 +108,7 @@ class BankerScheduler(BaseScheduler):
         self._parked: list[Entry[Request]] = []
         self._reclaimed_at = 0.0
         self._stall_warned_at = -1e9
+        self._stalled_since: float | None = None
         # Per-topic counters are batched into the stats at most once a second:
         # the stats collector is the dominant cost of an enqueue otherwise.
         self._topic_counts: dict[str, int] = {}
@@ -206,17 +207,19 @@ class BankerScheduler(BaseScheduler):
         now = self.clock()
         admission = self.admission
         if admission is not None:
-            if admission.released_since_wait:
-                self._requeue_parked(now)
             if now - self._reclaimed_at >= 1.0:
                 self._reclaimed_at = now
-                admission.reclaim_expired()
+                admission.reclaim_expired()  # first, so what it frees is retried now
+            if admission.released_since_wait:
+                self._requeue_parked(now)
         while True:
             entry = self._pop(now)
             if entry is None:
                 self._flush_topic_stats(now)  # idle moment: make the counters exact
                 if self._parked and self._downloader_idle():
                     self._warn_stalled(now)
+                else:
+                    self._stalled_since = None
                 return None
             request = entry.item
             if admission is not None and admission.needs_admission(request):
@@ -231,6 +234,7 @@ class BankerScheduler(BaseScheduler):
                     self._parked.append(entry)
                     continue
             break
+        self._stalled_since = None
         request.meta[META_SLOT] = entry.slot
         self._inflight[entry.slot] = self._inflight.get(entry.slot, 0) + 1
         self._count("dequeued", entry.topic, now)
@@ -246,8 +250,14 @@ class BankerScheduler(BaseScheduler):
             self._flush_topic_stats(now)
 
     def _warn_stalled(self, now: float) -> None:
-        """Everything left waits for resources that only a task finishing can free."""
-        if now - self._stall_warned_at < 30.0:
+        """Everything left waits for resources that only a task finishing can free.
+
+        Said only once the stall has lasted a few seconds: right after a
+        response, its callback may still be about to yield the task's next step.
+        """
+        if self._stalled_since is None:
+            self._stalled_since = now
+        if now - self._stalled_since < 5.0 or now - self._stall_warned_at < 30.0:
             return
         self._stall_warned_at = now
         assert self.admission is not None

@@ -196,6 +196,8 @@ def test_idle_task_is_reclaimed_after_timeout(caplog: pytest.LogCaptureFixture) 
 
 def test_a_stall_on_idle_holders_is_explained(caplog: pytest.LogCaptureFixture) -> None:
     scheduler = _open({"BANKER_TASK_TIMEOUT": 60})
+    clock = [10.0]
+    scheduler.clock = scheduler.admission.clock = lambda: clock[0]
     holders = [
         Request(
             f"http://h{i}.test/",
@@ -210,9 +212,65 @@ def test_a_stall_on_idle_holders_is_explained(caplog: pytest.LogCaptureFixture) 
     _end(scheduler, first)  # t0 keeps its session, nothing in flight
     with caplog.at_level(logging.WARNING):
         assert _dispatch(scheduler) is None
+        # Not yet: the callback of t0's response may still yield its next step.
+        assert "requests wait for resources" not in caplog.text
+        clock[0] += 6
+        assert _dispatch(scheduler) is None
     assert "1 requests wait for resources held by tasks with no request in flight" in caplog.text
     assert "BANKER_TASK_TIMEOUT=60s" in caplog.text
     assert "sessions" in caplog.text  # the state is printed
+
+
+def test_a_started_task_is_not_starved_by_new_tasks_parked_before_it() -> None:
+    """Regression: after a release every parked request that fits is retried."""
+    scheduler = _open({"BANKER_RESOURCES": {"pages": 4}})
+    starts = {
+        name: Request(
+            f"http://{name}.test/1",
+            meta={
+                "banker_task": name,
+                "banker_max": {"pages": 2},
+                "banker_need": {"pages": 1},
+                "banker_hold": True,
+            },
+        )
+        for name in "ABCDE"
+    }
+    for name in "ABC":
+        scheduler.enqueue_request(starts[name])
+        assert _dispatch(scheduler) is starts[name]
+        _end(scheduler, starts[name])  # A, B, C each hold 1 page: 1 free
+    for name in "DE":
+        scheduler.enqueue_request(starts[name])
+    assert _dispatch(scheduler) is None  # D and E: unsafe, parked first
+    steps = {n: task(f"http://{n}.test/2", n, banker_finish=True) for n in "ABC"}
+    for n in "ABC":
+        scheduler.enqueue_request(steps[n])
+    got = _dispatch(scheduler)
+    assert got is steps["A"]  # A's second page is safe: it goes
+    assert _dispatch(scheduler) is None
+    _end(scheduler, got)  # A finishes: 3 free, B and C hold 1 each
+    served = []
+    while (req := _dispatch(scheduler)) is not None:
+        served.append(req.url)
+        _end(scheduler, req)
+    # B's and C's second steps (parked after D and E) are not left behind.
+    assert "http://b.test/2" in served and "http://c.test/2" in served  # hosts are lower-cased
+
+
+def test_a_reclaim_frees_resources_for_the_same_call() -> None:
+    scheduler = _open({"BANKER_TASK_TIMEOUT": 5, "BANKER_RESOURCES": {"pages": 1}})
+    clock = [0.0]
+    scheduler.clock = scheduler.admission.clock = lambda: clock[0]
+    holder = task("http://a.test/1", "A", banker_hold=True)
+    holder.meta["banker_max"] = {"pages": 1}
+    scheduler.enqueue_request(holder)
+    _end(scheduler, _dispatch(scheduler))
+    waiter = Request("http://b.test/", meta={"banker_need": {"pages": 1}})
+    scheduler.enqueue_request(waiter)
+    assert _dispatch(scheduler) is None
+    clock[0] += 6
+    assert _dispatch(scheduler) is waiter  # reclaimed and re-queued in one call
 
 
 def test_explicit_finish_and_topic_claims() -> None:

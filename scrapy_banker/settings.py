@@ -69,6 +69,10 @@ DEFAULTS: dict[str, Any] = {
     "BANKER_TASK_TIMEOUT": 300.0,
     # "banker" (safe states only) or "naive" (first come, first served; for comparison).
     "BANKER_ADMISSION_POLICY": "banker",
+    # Redis commands are retried this many times, with jittered exponential backoff
+    # capped at BANKER_REDIS_BACKOFF_CAP seconds, before an error reaches the caller.
+    "BANKER_REDIS_RETRIES": 5,
+    "BANKER_REDIS_BACKOFF_CAP": 2.0,
     # Request classes (import paths) allowed back from JOBDIR besides Scrapy's own.
     "BANKER_SERIALIZE_ALLOWED_CLASSES": [],
     # Path of a JSON file the stats exporter writes when the spider closes.
@@ -119,6 +123,8 @@ class BankerConfig:
     task_claims: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     task_timeout: float = 300.0
     admission_policy: str = "banker"
+    redis_retries: int = 5
+    redis_backoff_cap: float = 2.0
     stats_file: str | None = None
     farm_domain: str = "farm.test"
 
@@ -364,6 +370,12 @@ def load_config(settings: SettingsLike) -> BankerConfig:
         task_claims=task_claims,
         task_timeout=_as_float("BANKER_TASK_TIMEOUT", _get(settings, "BANKER_TASK_TIMEOUT"), 0.0),
         admission_policy=policy,
+        redis_retries=_as_positive_int(
+            "BANKER_REDIS_RETRIES", _get(settings, "BANKER_REDIS_RETRIES"), 0
+        ),
+        redis_backoff_cap=_as_float(
+            "BANKER_REDIS_BACKOFF_CAP", _get(settings, "BANKER_REDIS_BACKOFF_CAP"), 0.0
+        ),
         topics=topics,
         topic_slice=topic_slice,
         topic_min_slice=min_slice,

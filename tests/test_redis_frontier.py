@@ -124,3 +124,34 @@ def test_bad_arguments(redis_client: redis.Redis, kwargs: dict[str, object], mat
         RedisFrontier(redis_client, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"partition must be in \[0, 8\)"):
         RedisFrontier(redis_client, partitions=8).keys(8)
+
+
+def test_a_malicious_pickle_in_the_queue_is_never_executed(
+    frontier: RedisFrontier, redis_client: redis.Redis, tmp_path: object
+) -> None:
+    """scrapy-redis unpickles what it pops (RCE); our codec refuses and dead-letters it."""
+    import os
+    import pickle
+    from pathlib import Path
+
+    from scrapy import Spider
+
+    from scrapy_banker.serialize import MalformedPayload, RequestCodec
+
+    marker = Path(str(tmp_path)) / "pwned"
+
+    class Exploit:
+        def __reduce__(self) -> tuple[object, ...]:
+            return (os.system, (f"touch {marker}",))
+
+    # Written by an attacker straight into the partition's payload hash.
+    evil_id = frontier.enqueue(3, "evil", "placeholder")
+    assert evil_id is not None
+    redis_client.hset(frontier.keys(3).payloads, evil_id, pickle.dumps(Exploit()))
+    (leased,) = frontier.pop(3, "node-a", 1)  # does not crash on non-UTF-8 bytes
+    with pytest.raises(MalformedPayload):
+        RequestCodec().decode(leased.payload, Spider("s"))
+    frontier.dead_letter(3, leased.id, "malformed payload")
+    assert not marker.exists()
+    (dead,) = frontier.dead_letters(3)
+    assert dead["reason"] == "malformed payload" and frontier.leased(3) == 0

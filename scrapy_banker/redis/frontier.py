@@ -164,8 +164,11 @@ class RedisFrontier:
                     f"partition {partition} is not owned by {node}@{epoch} ({exc})"
                 ) from None
             raise
+        # A payload that is not UTF-8 (garbage, a planted pickle) must not crash
+        # the worker here: decoded lossily, the codec refuses it and the caller
+        # dead-letters it.
         return [
-            Leased(partition, _text(flat[i]), _text(flat[i + 1]), int(flat[i + 2]))
+            Leased(partition, _text(flat[i]), _text(flat[i + 1], lossy=True), int(flat[i + 2]))
             for i in range(0, len(flat), 3)
         ]
 
@@ -220,7 +223,15 @@ class RedisFrontier:
         )
 
     def dead_letters(self, partition: int) -> list[dict[str, Any]]:
-        return [json.loads(x) for x in self.client.lrange(self.keys(partition).dead, 0, -1)]
+        """The partition's dead letters; a binary payload comes back lossily decoded."""
+        out: list[dict[str, Any]] = []
+        for raw in self.client.lrange(self.keys(partition).dead, 0, -1):
+            text = _text(raw, lossy=True)
+            try:
+                out.append(json.loads(text))
+            except ValueError:
+                out.append({"raw": text, "reason": "unreadable dead letter"})
+        return out
 
     # -- inspection -------------------------------------------------------------------
 
@@ -231,5 +242,7 @@ class RedisFrontier:
         return int(self.client.zcard(self.keys(partition).leases))
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def _text(value: Any, lossy: bool = False) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace" if lossy else "strict")
+    return str(value)

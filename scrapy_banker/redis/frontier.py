@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
-
-    import redis
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class RedisFrontier:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         *,
         prefix: str = "banker",
         partitions: int = 1024,
@@ -87,7 +89,8 @@ class RedisFrontier:
         self.partitions = partitions
         self.lease_ttl_ms = lease_ttl_ms
         self.max_deliveries = max_deliveries
-        self._enqueue = client.register_script(_script("enqueue"))
+        self._enqueue_source = _script("enqueue")
+        self._enqueue = client.register_script(self._enqueue_source)
         self._pop = client.register_script(_script("pop"))
         self._ack = client.register_script(_script("ack"))
         self._renew = client.register_script(_script("renew"))
@@ -129,15 +132,42 @@ class RedisFrontier:
     def enqueue_many(self, items: Iterable[tuple[int, str, str, int, bool]]) -> list[str | None]:
         """Pipelined :meth:`enqueue`; items are (partition, fingerprint, payload, priority,
         dont_filter)."""
-        pipe = self.client.pipeline(transaction=False)
+        calls: list[tuple[list[str], list[Any]]] = []
         for partition, fingerprint, payload, priority, dont_filter in items:
             k = self.keys(partition)
-            self._enqueue(
-                keys=[k.queue, k.seen, k.payloads, k.meta],
-                args=[fingerprint, payload, int(priority), "1" if dont_filter else "0"],
-                client=pipe,
-            )
-        return [None if r is None else _text(r) for r in pipe.execute()]
+            keys = [k.queue, k.seen, k.payloads, k.meta]
+            args: list[Any] = [fingerprint, payload, int(priority), "1" if dont_filter else "0"]
+            calls.append((keys, args))
+        if isinstance(self.client, RedisCluster):
+            results = self._enqueue_many_cluster(calls)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                self._enqueue(keys=keys, args=args, client=pipe)
+            results = pipe.execute()
+        return [None if r is None else _text(r) for r in results]
+
+    def _enqueue_many_cluster(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """redis-py's cluster pipeline refuses script objects: send raw EVALSHA.
+
+        The script is loaded on every primary first; a node restarted since
+        has lost it, so a NOSCRIPT answer reloads it and retries the batch
+        once.  Entries that already ran on other nodes are deduplicated by
+        their seen set on the retry, except ``dont_filter`` ones, which may be
+        queued twice: a duplicate, never a loss (at-least-once).
+        """
+        assert isinstance(self.client, RedisCluster)
+        for attempt in (1, 2):
+            sha = self.client.script_load(self._enqueue_source)
+            pipe = self.client.pipeline()  # type: ignore[no-untyped-call]
+            for keys, args in calls:
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            try:
+                return list(pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- ownership ------------------------------------------------------------------
 

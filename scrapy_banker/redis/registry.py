@@ -21,6 +21,7 @@ from scrapy_banker.partitions import Move, PartitionTable
 
 if TYPE_CHECKING:
     import redis
+    from redis.cluster import RedisCluster
 
     from scrapy_banker.redis.frontier import RedisFrontier
 
@@ -32,7 +33,7 @@ __all__ = ["NodeRegistry"]
 class NodeRegistry:
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         frontier: RedisFrontier,
         *,
         node_timeout_ms: int = 30_000,

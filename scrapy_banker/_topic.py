@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from scrapy_banker.settings import _TOPIC_NAME_RE
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
@@ -41,7 +43,7 @@ def request_topic(
     """
     topic = request.meta.get(META_TOPIC)
     if topic is not None:
-        if isinstance(topic, str) and _valid(topic):
+        if isinstance(topic, str) and _TOPIC_NAME_RE.match(topic):
             return topic
         logger.warning(
             "Ignoring invalid meta %s=%r on %s: expected a topic name of 1-64 "
@@ -55,9 +57,3 @@ def request_topic(
     topic = config.topic_for(request.url, callback_name(request))
     request.meta[META_TOPIC] = topic
     return topic
-
-
-def _valid(topic: str) -> bool:
-    from scrapy_banker.settings import _TOPIC_NAME_RE
-
-    return _TOPIC_NAME_RE.match(topic) is not None

@@ -10,6 +10,7 @@ object with ``get()``, which both :class:`scrapy.settings.Settings` and a plain
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -195,16 +196,19 @@ def _as_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return number
 
 
-def _parse_topics(value: Any, default_slice: float) -> dict[str, TopicSpec]:
-    name = "BANKER_TOPICS"
+def _json_if_str(name: str, value: Any) -> Any:
+    """Values given on the command line (-s NAME=...) arrive as JSON strings."""
     if isinstance(value, str):
-        # Command line form: -s BANKER_TOPICS='{"news": 10}' arrives as a str.
-        import json
-
         try:
-            value = json.loads(value)
+            return json.loads(value)
         except ValueError as exc:
             raise _bad(name, value, f"not valid JSON ({exc})") from None
+    return value
+
+
+def _parse_topics(value: Any, default_slice: float) -> dict[str, TopicSpec]:
+    name = "BANKER_TOPICS"
+    value = _json_if_str(name, value)  # -s BANKER_TOPICS='{"news": 10}'
     if not isinstance(value, Mapping):
         raise _bad(name, value, 'expected a dict of topic -> priority, e.g. {"news": 10}')
     out: dict[str, TopicSpec] = {}
@@ -230,13 +234,7 @@ def _parse_topics(value: Any, default_slice: float) -> dict[str, TopicSpec]:
 
 def _parse_rules(value: Any) -> tuple[TopicRule, ...]:
     name = "BANKER_TOPIC_RULES"
-    if isinstance(value, str):
-        import json
-
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise _bad(name, value, f"not valid JSON ({exc})") from None
+    value = _json_if_str(name, value)
     if not isinstance(value, (list, tuple)):
         raise _bad(name, value, 'expected a list of {"url": regex, "topic": name} dicts')
     rules: list[TopicRule] = []
@@ -268,17 +266,6 @@ def _parse_rules(value: Any) -> tuple[TopicRule, ...]:
             TopicRule(topic=_as_topic_name(where, raw["topic"]), url=pattern, callback=callback)
         )
     return tuple(rules)
-
-
-def _json_if_str(name: str, value: Any) -> Any:
-    if isinstance(value, str):
-        import json
-
-        try:
-            return json.loads(value)
-        except ValueError as exc:
-            raise _bad(name, value, f"not valid JSON ({exc})") from None
-    return value
 
 
 def _parse_vector(name: str, value: Any, known: Mapping[str, int] | None) -> dict[str, int]:

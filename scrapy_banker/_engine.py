@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from scrapy import Request
     from scrapy.crawler import Crawler
 
 
@@ -19,3 +22,32 @@ def running_scheduler(crawler: Crawler) -> Any:
         slot = getattr(engine, "slot", None) or getattr(engine, "_slot", None)
         scheduler = getattr(slot, "scheduler", None)
     return scheduler
+
+
+def requests_in_progress(crawler: Crawler) -> Collection[Request] | None:
+    """Requests the engine is still downloading or scraping (callback output included).
+
+    A request leaves this set only after its response went through the
+    spider and every request the callback yielded was scheduled, which is
+    the moment a distributed frontier may acknowledge it.  None when the
+    engine does not expose it (another Scrapy version).
+    """
+    try:
+        engine = crawler.engine
+    except RuntimeError:
+        return None
+    slot = getattr(engine, "_slot", None) or getattr(engine, "slot", None)
+    inprogress = getattr(slot, "inprogress", None)
+    return inprogress if isinstance(inprogress, (set, frozenset)) else None
+
+
+def wake_engine(crawler: Crawler) -> None:
+    """Ask the engine to call ``next_request`` now rather than on its 5 s heartbeat."""
+    try:
+        engine = crawler.engine
+    except RuntimeError:
+        return
+    slot = getattr(engine, "_slot", None) or getattr(engine, "slot", None)
+    nextcall = getattr(slot, "nextcall", None)
+    if nextcall is not None:
+        nextcall.schedule()

@@ -51,6 +51,9 @@ META_SLOT = "banker_slot"
 class BankerScheduler(BaseScheduler):
     """Topic-aware, download-slot-aware frontier with an extendible-hash directory."""
 
+    #: Where Scrapy's ``scheduler/enqueued/<kind>`` counters say requests are queued.
+    queue_kind = "memory"
+
     def __init__(
         self,
         crawler: Crawler,
@@ -172,25 +175,11 @@ class BankerScheduler(BaseScheduler):
             if not request.dont_filter and self.df.request_seen(request):
                 self.df.log(request, self.spider)  # type: ignore[arg-type]
                 return False
-            topic = request_topic(request, self.config, self.stats)
-            slot = self._slot_key(request)
-            if self._host_key and self._slot_is_host(request):
-                key = slot  # the host name: parsed once
-            else:
-                key = self._key_of(request.url)
+            topic, slot, key, key_hash = self._classify(request)
         except ValueError as exc:
-            # The URL cannot be parsed (e.g. a broken IPv6 literal left by a
-            # middleware): neither the fingerprinter nor the downloader could
-            # use it.  Say so instead of crashing the crawl.
-            logger.error("Dropping request with unparsable URL %s: %s", request, exc)
-            self.stats.inc_value("banker/queue/malformed_url")
+            self._malformed_url(request, exc)
             return False
         now = self.clock()
-        key_hash = self._hash_cache.get(key)
-        if key_hash is None:
-            if len(self._hash_cache) >= 1 << 17:
-                self._hash_cache.clear()
-            key_hash = self._hash_cache[key] = self._hash_fn(key)
         self.frontier.push(
             request,
             topic=topic,
@@ -202,6 +191,27 @@ class BankerScheduler(BaseScheduler):
         )
         self._count("enqueued", topic, now)
         return True
+
+    def _classify(self, request: Request) -> tuple[str, str, str, int]:
+        """Topic, download slot, queue key and its hash; ValueError for a broken URL."""
+        topic = request_topic(request, self.config, self.stats)
+        slot = self._slot_key(request)
+        # With host keys the slot is the host name: parsed once.
+        host_slot = self._host_key and self._slot_is_host(request)
+        key = slot if host_slot else self._key_of(request.url)
+        key_hash = self._hash_cache.get(key)
+        if key_hash is None:
+            if len(self._hash_cache) >= 1 << 17:
+                self._hash_cache.clear()
+            key_hash = self._hash_cache[key] = self._hash_fn(key)
+        return topic, slot, key, key_hash
+
+    def _malformed_url(self, request: Request, exc: Exception) -> None:
+        # The URL cannot be parsed (e.g. a broken IPv6 literal left by a
+        # middleware): neither the fingerprinter nor the downloader could
+        # use it.  Say so instead of crashing the crawl.
+        logger.error("Dropping request with unparsable URL %s: %s", request, exc)
+        self.stats.inc_value("banker/queue/malformed_url")
 
     def next_request(self) -> Request | None:
         now = self.clock()
@@ -242,7 +252,7 @@ class BankerScheduler(BaseScheduler):
 
     def _count(self, kind: str, topic: str, now: float) -> None:
         """``scheduler/<kind>`` as Scrapy counts it; the per-topic twin batched."""
-        self.stats.inc_value(f"scheduler/{kind}/memory")
+        self.stats.inc_value(f"scheduler/{kind}/{self.queue_kind}")
         self.stats.inc_value(f"scheduler/{kind}")
         name = f"banker/topic/{topic}/{kind}"
         self._topic_counts[name] = self._topic_counts.get(name, 0) + 1

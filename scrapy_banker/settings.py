@@ -22,9 +22,11 @@ from scrapy_banker.topics import TopicSpec
 __all__ = [
     "DEFAULTS",
     "BankerConfig",
+    "RedisConfig",
     "SettingsLike",
     "TopicRule",
     "load_config",
+    "load_redis_config",
 ]
 
 
@@ -74,6 +76,38 @@ DEFAULTS: dict[str, Any] = {
     # capped at BANKER_REDIS_BACKOFF_CAP seconds, before an error reaches the caller.
     "BANKER_REDIS_RETRIES": 5,
     "BANKER_REDIS_BACKOFF_CAP": 2.0,
+    # Distributed frontier (scrapy_banker.redis.scheduler.BankerRedisScheduler).
+    # Key prefix of the crawl in Redis; %(spider)s is the spider name.  Braces
+    # are not allowed (the partition hash tags use them).
+    "BANKER_REDIS_PREFIX": "banker:%(spider)s",
+    # Logical partitions M of the two-level mapping; the same on every worker.
+    "BANKER_REDIS_PARTITIONS": 1024,
+    # Connect to a Redis Cluster (REDIS_URL / REDIS_HOST+REDIS_PORT of one node).
+    "BANKER_REDIS_CLUSTER": False,
+    # Seconds a popped request stays leased without a heartbeat renewing it.
+    "BANKER_REDIS_LEASE_TTL": 60.0,
+    # Deliveries after which an expired request is dead-lettered.
+    "BANKER_REDIS_MAX_DELIVERIES": 3,
+    # This worker's id (default: host-pid-random) and share of partitions.
+    "BANKER_REDIS_NODE_ID": None,
+    "BANKER_REDIS_NODE_CAPACITY": 1.0,
+    # Seconds without a heartbeat after which a node's partitions are reassigned.
+    "BANKER_REDIS_NODE_TIMEOUT": 30.0,
+    # Seconds between heartbeats (registry, lease renewal, partition table reload).
+    "BANKER_REDIS_HEARTBEAT": 2.0,
+    # Seconds between two runs of the expired-lease reaper (single-flight).
+    "BANKER_REDIS_REAP_INTERVAL": 5.0,
+    # Leased requests kept in memory (None: 2 x CONCURRENT_REQUESTS).
+    "BANKER_REDIS_BUFFER": None,
+    # Requests popped from one partition per round trip.
+    "BANKER_REDIS_POP_PER_PARTITION": 4,
+    # Longest pause (seconds) between two polls of an idle worker.
+    "BANKER_REDIS_IDLE_BACKOFF_MAX": 2.0,
+    # Seconds the whole crawl must stay empty before this worker reports idle
+    # (then a plain spider closes; a RedisSpider asks its start-URL key).
+    "BANKER_REDIS_IDLE_BEFORE_CLOSE": 5.0,
+    # Delete this crawl's keys (queues, seen sets, table) when the spider opens.
+    "BANKER_REDIS_FLUSH_ON_START": False,
     # Request classes (import paths) allowed back from JOBDIR besides Scrapy's own.
     "BANKER_SERIALIZE_ALLOWED_CLASSES": [],
     # Path of a JSON file the stats exporter writes when the spider closes.
@@ -394,4 +428,99 @@ def load_config(settings: SettingsLike) -> BankerConfig:
         ),
         stats_file=stats_file,
         farm_domain=domain,
+    )
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """Validated view of the distributed-frontier settings (``BANKER_REDIS_*``)."""
+
+    prefix: str
+    partitions: int
+    cluster: bool
+    lease_ttl: float
+    max_deliveries: int
+    node_id: str | None
+    node_capacity: float
+    node_timeout: float
+    heartbeat: float
+    reap_interval: float
+    buffer: int
+    pop_per_partition: int
+    idle_backoff_max: float
+    idle_before_close: float
+    flush_on_start: bool
+
+
+def load_redis_config(settings: SettingsLike, spider_name: str = "spider") -> RedisConfig:
+    """Validate the ``BANKER_REDIS_*`` settings; ``ValueError`` naming the culprit."""
+    raw_prefix = _get(settings, "BANKER_REDIS_PREFIX")
+    if not isinstance(raw_prefix, str) or not raw_prefix:
+        raise _bad("BANKER_REDIS_PREFIX", raw_prefix, "expected a non-empty string")
+    try:
+        prefix = raw_prefix % {"spider": spider_name}
+    except (KeyError, ValueError, TypeError) as exc:
+        raise _bad(
+            "BANKER_REDIS_PREFIX", raw_prefix, f"only %(spider)s may be interpolated ({exc})"
+        ) from None
+    if "{" in prefix or "}" in prefix:
+        raise _bad("BANKER_REDIS_PREFIX", raw_prefix, "braces are reserved for hash tags")
+    node_id = settings.get("BANKER_REDIS_NODE_ID", None)
+    if node_id is not None and (not isinstance(node_id, str) or not node_id or "@" in node_id):
+        raise _bad("BANKER_REDIS_NODE_ID", node_id, "expected a non-empty string without '@'")
+    lease_ttl = _as_float("BANKER_REDIS_LEASE_TTL", _get(settings, "BANKER_REDIS_LEASE_TTL"), 0.0)
+    node_timeout = _as_float(
+        "BANKER_REDIS_NODE_TIMEOUT", _get(settings, "BANKER_REDIS_NODE_TIMEOUT"), 0.0
+    )
+    heartbeat = _as_float("BANKER_REDIS_HEARTBEAT", _get(settings, "BANKER_REDIS_HEARTBEAT"), 0.0)
+    if heartbeat * 2 > min(lease_ttl, node_timeout):
+        raise _bad(
+            "BANKER_REDIS_HEARTBEAT",
+            heartbeat,
+            f"must be at most half of BANKER_REDIS_LEASE_TTL ({lease_ttl}) and of "
+            f"BANKER_REDIS_NODE_TIMEOUT ({node_timeout}), or leases and nodes expire "
+            "between two heartbeats",
+        )
+    raw_buffer = settings.get("BANKER_REDIS_BUFFER", None)
+    if raw_buffer is None:
+        concurrent = settings.get("CONCURRENT_REQUESTS", None)
+        buffer = 2 * (16 if concurrent is None else _as_positive_int("CONCURRENT_REQUESTS",
+                                                                     concurrent))  # fmt: skip
+    else:
+        buffer = _as_positive_int("BANKER_REDIS_BUFFER", raw_buffer)
+    return RedisConfig(
+        prefix=prefix,
+        partitions=_as_positive_int(
+            "BANKER_REDIS_PARTITIONS", _get(settings, "BANKER_REDIS_PARTITIONS")
+        ),
+        cluster=_as_bool("BANKER_REDIS_CLUSTER", _get(settings, "BANKER_REDIS_CLUSTER")),
+        lease_ttl=lease_ttl,
+        max_deliveries=_as_positive_int(
+            "BANKER_REDIS_MAX_DELIVERIES", _get(settings, "BANKER_REDIS_MAX_DELIVERIES")
+        ),
+        node_id=node_id,
+        node_capacity=_as_float(
+            "BANKER_REDIS_NODE_CAPACITY", _get(settings, "BANKER_REDIS_NODE_CAPACITY"), 0.0
+        ),
+        node_timeout=node_timeout,
+        heartbeat=heartbeat,
+        reap_interval=_as_float(
+            "BANKER_REDIS_REAP_INTERVAL", _get(settings, "BANKER_REDIS_REAP_INTERVAL"), 0.0
+        ),
+        buffer=buffer,
+        pop_per_partition=_as_positive_int(
+            "BANKER_REDIS_POP_PER_PARTITION", _get(settings, "BANKER_REDIS_POP_PER_PARTITION")
+        ),
+        idle_backoff_max=_as_float(
+            "BANKER_REDIS_IDLE_BACKOFF_MAX", _get(settings, "BANKER_REDIS_IDLE_BACKOFF_MAX"), 0.0
+        ),
+        idle_before_close=_as_float(
+            "BANKER_REDIS_IDLE_BEFORE_CLOSE",
+            _get(settings, "BANKER_REDIS_IDLE_BEFORE_CLOSE"),
+            0.0,
+            strict=False,
+        ),
+        flush_on_start=_as_bool(
+            "BANKER_REDIS_FLUSH_ON_START", _get(settings, "BANKER_REDIS_FLUSH_ON_START")
+        ),
     )

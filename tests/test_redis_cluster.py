@@ -253,3 +253,56 @@ def test_registry_rebalances_and_fences_on_cluster(
         with pytest.raises(NotOwner):
             frontier.pop(p, "b", old_epoch)
         assert [x.payload for x in frontier.pop(p, "a", now_a[p])] == ["late"]
+
+
+def test_batched_pop_ack_nack_and_outstanding_on_cluster(
+    cluster_client: RedisCluster, frontier: RedisFrontier
+) -> None:
+    """One pipeline per batch, fanned out over the three masters, errors kept in place."""
+    ids: dict[int, dict[str, str]] = {}
+    for p in range(PARTITIONS):
+        frontier.set_owner(p, "w", 1)
+        if p == 1:
+            continue  # owned but empty
+        high = frontier.enqueue(p, f"high-{p}", f"H{p}", priority=1)
+        low = frontier.enqueue(p, f"low-{p}", f"L{p}")
+        assert high and low
+        ids[p] = {"high": high, "low": low}
+    frontier.set_owner(0, "other", 1)  # fenced off
+    [old] = frontier.pop(2, "w", 1)  # in flight when partition 2 moves to epoch 2
+    frontier.set_owner(2, "w", 2)
+    assert frontier.outstanding() == 2 * (PARTITIONS - 1)
+
+    owned = {p: 1 for p in range(PARTITIONS)} | {2: 2}
+    result = frontier.pop_many(owned, "w", count_per_partition=1)
+    assert result.not_owned == [0]
+    assert result.empty == [1]
+    assert result.busy == [2]
+    regular = [p for p in range(PARTITIONS) if p not in (0, 1, 2)]
+    assert [(x.partition, x.id, x.deliveries) for x in result.leased] == [
+        (p, ids[p]["high"], 1) for p in regular
+    ]
+    masters = {cluster_client.get_node_from_key(frontier.keys(p).queue).port for p in regular}
+    assert masters == {n.port for n in cluster_client.get_primaries()}
+    assert frontier.outstanding() == 2 * (PARTITIONS - 1)  # leased still counts
+
+    acked, nacked = regular[::2], regular[1::2]
+    assert frontier.ack_many({p: [ids[p]["high"]] for p in acked}) == len(acked)
+    assert frontier.nack_many({p: [ids[p]["high"], "no-such-id"] for p in nacked}) == len(nacked)
+    assert frontier.nack_many({p: [ids[p]["high"]] for p in nacked}) == 0  # idempotent
+    assert frontier.outstanding() == 2 * (PARTITIONS - 1) - len(acked)
+
+    # The previous owner's ack releases the hand-over of partition 2.
+    assert frontier.ack_many({2: [old.id]}) == 1
+    again = frontier.pop_many(owned, "w", count_per_partition=1)
+    assert (again.not_owned, again.empty, again.busy) == ([0], [1], [])
+    got = {x.partition: (x.id, x.deliveries) for x in again.leased}
+    assert got == {
+        2: (ids[2]["low"], 1),
+        **{p: (ids[p]["low"], 1) for p in acked},
+        **{p: (ids[p]["high"], 1) for p in nacked},  # back in place, the nacked pop not counted
+    }
+    assert frontier.ack_many({p: [got[p][0]] for p in got}) == len(got)
+    # Left: both requests of the fenced partition 0, the low one of each nacked partition.
+    assert frontier.outstanding() == 2 + len(nacked)
+    assert all(frontier.leased(p) == 0 for p in range(PARTITIONS))

@@ -7,7 +7,8 @@ import time
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import NotOwner, RedisFrontier
+from scrapy_banker.redis.frontier import NotOwner, PopResult, RedisFrontier
+from scrapy_banker.redis.registry import NodeRegistry
 
 
 @pytest.fixture
@@ -155,3 +156,277 @@ def test_a_malicious_pickle_in_the_queue_is_never_executed(
     assert not marker.exists()
     (dead,) = frontier.dead_letters(3)
     assert dead["reason"] == "malformed payload" and frontier.leased(3) == 0
+
+
+# -- batched pops, hand-over fencing, nack, late acks, totals, clear ---------------------------
+
+
+@pytest.fixture
+def fast(redis_client: redis.Redis) -> RedisFrontier:
+    """A frontier whose leases expire after 50 ms, for reaper tests that must stay fast."""
+    f = RedisFrontier(redis_client, prefix="f", partitions=8, lease_ttl_ms=50, max_deliveries=3)
+    f.set_owner(3, "node-a", 1)
+    return f
+
+
+def _wait_for_fast_expiry() -> None:
+    time.sleep(0.1)
+
+
+def _meta_int(client: redis.Redis, frontier: RedisFrontier, partition: int, field: str) -> int:
+    raw = client.hget(frontier.keys(partition).meta, field)
+    return 0 if raw is None else int(raw)
+
+
+def test_pop_many_sorts_partitions_by_outcome_in_one_round_trip(frontier: RedisFrontier) -> None:
+    for p in (0, 1, 2):
+        frontier.set_owner(p, "node-a", 1)
+    frontier.set_owner(4, "node-b", 1)
+    frontier.enqueue(0, "a0", "p0a")
+    frontier.enqueue(0, "b0", "p0b", priority=1)
+    frontier.enqueue(0, "c0", "p0c")
+    frontier.enqueue(1, "a1", "p1")
+    frontier.enqueue(3, "a3", "p3")
+    frontier.enqueue(4, "a4", "p4")
+    frontier.enqueue(5, "a5", "p5")
+    # 2: owned but empty; 3: owned at epoch 1, asked at epoch 2; 4: another node's; 5: no owner.
+    result = frontier.pop_many(
+        {0: 1, 1: 1, 2: 1, 3: 2, 4: 1, 5: 1}, "node-a", count_per_partition=2
+    )
+    assert [(x.partition, x.payload, x.deliveries) for x in result.leased] == [
+        (0, "p0b", 1),
+        (0, "p0a", 1),
+        (1, "p1", 1),
+    ]
+    assert result.not_owned == [3, 4, 5]
+    assert result.busy == []
+    assert result.empty == [2]
+    assert (frontier.queued(0), frontier.leased(0)) == (1, 2)
+    assert (frontier.queued(1), frontier.leased(1)) == (0, 1)
+    for fenced in (3, 4, 5):  # nothing was popped from the partitions this node may not touch
+        assert (frontier.queued(fenced), frontier.leased(fenced)) == (1, 0)
+    assert frontier.pop_many({}, "node-a") == PopResult([], [], [], [])
+
+
+@pytest.mark.parametrize("release", ["ack", "nack", "reap"])
+def test_hand_over_waits_until_the_previous_owners_leases_are_released(
+    fast: RedisFrontier, redis_client: redis.Redis, release: str
+) -> None:
+    ids = [fast.enqueue(3, f"fp{i}", f"p{i}") for i in range(3)]
+    first, second = fast.pop(3, "node-a", 1, count=2)
+    assert _meta_int(redis_client, fast, 3, "h:1") == 2
+    assert _meta_int(redis_client, fast, 3, f"e:{first.id}") == 1
+
+    fast.set_owner(3, "node-b", 2)  # hand-over while node-a still holds two leases
+    with pytest.raises(NotOwner):
+        fast.pop(3, "node-a", 1)
+    assert fast.pop(3, "node-b", 2) == []
+    busy = fast.pop_many({3: 2}, "node-b")
+    assert (busy.leased, busy.not_owned, busy.busy, busy.empty) == ([], [], [3], [])
+    assert (fast.queued(3), fast.leased(3)) == (1, 2)  # the BUSY pops moved nothing
+
+    if release == "reap":
+        _wait_for_fast_expiry()
+        assert fast.pop(3, "node-b", 2) == []  # expired but not yet reaped: still fenced
+        assert fast.reap(3) == (2, 0)
+    else:
+        # Releasing one of two leases is not enough.
+        done = fast.ack if release == "ack" else fast.nack
+        assert done(3, [first.id]) == 1
+        assert fast.pop_many({3: 2}, "node-b").busy == [3]
+        assert done(3, [second.id]) == 1
+    assert _meta_int(redis_client, fast, 3, "h:1") == 0
+    assert redis_client.hget(fast.keys(3).meta, f"e:{first.id}") is None
+
+    got = fast.pop(3, "node-b", 2, count=5)
+    expected = {
+        "ack": [(ids[2], "p2", 1)],
+        "nack": [(ids[0], "p0", 1), (ids[1], "p1", 1), (ids[2], "p2", 1)],
+        "reap": [(ids[0], "p0", 2), (ids[1], "p1", 2), (ids[2], "p2", 1)],
+    }[release]
+    assert [(x.id, x.payload, x.deliveries) for x in got] == expected
+    # The new owner's own leases never fence it: the partition is just empty now.
+    again = fast.pop_many({3: 2}, "node-b")
+    assert (again.busy, again.empty) == ([], [3])
+    assert _meta_int(redis_client, fast, 3, "h:2") == len(expected)
+    assert fast.ack(3, [x.id for x in got]) == len(expected)
+    assert fast.outstanding() == 0
+
+
+def test_hand_over_of_an_idle_partition_is_not_busy(frontier: RedisFrontier) -> None:
+    frontier.enqueue(3, "a", "pa")
+    frontier.enqueue(3, "b", "pb")
+    (a,) = frontier.pop(3, "node-a", 1)
+    assert frontier.ack(3, [a.id]) == 1
+    frontier.set_owner(3, "node-b", 2)
+    assert [x.payload for x in frontier.pop(3, "node-b", 2)] == ["pb"]
+
+
+def test_nack_puts_requests_back_in_place_and_undoes_the_delivery(
+    frontier: RedisFrontier,
+) -> None:
+    ids = [frontier.enqueue(3, f"fp{i}", f"p{i}", priority=pr) for i, pr in enumerate([0, 5, 0])]
+    a, b = frontier.pop(3, "node-a", 1, count=2)
+    assert (a.id, b.id) == (ids[1], ids[0])
+    assert frontier.nack(3, [a.id, b.id]) == 2
+    assert frontier.nack(3, [a.id, b.id]) == 0  # idempotent: no longer leased
+    assert (frontier.queued(3), frontier.leased(3)) == (3, 0)
+    again = frontier.pop(3, "node-a", 1, count=3)
+    assert [(x.id, x.payload, x.deliveries) for x in again] == [
+        (ids[1], "p1", 1),
+        (ids[0], "p0", 1),
+        (ids[2], "p2", 1),
+    ]
+    assert frontier.nack(3, []) == 0
+
+
+def test_nacks_never_push_a_request_towards_the_dead_letters(frontier: RedisFrontier) -> None:
+    rid = frontier.enqueue(3, "fp", "p")
+    for _ in range(2 * frontier.max_deliveries):
+        (leased,) = frontier.pop(3, "node-a", 1)
+        assert (leased.id, leased.deliveries) == (rid, 1)
+        assert frontier.nack(3, [leased.id]) == 1
+    assert frontier.dead_letters(3) == []
+    assert frontier.queued(3) == 1
+
+
+def test_nack_after_a_redelivery_keeps_the_earlier_deliveries(fast: RedisFrontier) -> None:
+    rid = fast.enqueue(3, "fp", "p")
+    assert [x.deliveries for x in fast.pop(3, "node-a", 1)] == [1]
+    _wait_for_fast_expiry()
+    assert fast.reap(3) == (1, 0)
+    (second,) = fast.pop(3, "node-a", 1)
+    assert (second.id, second.deliveries) == (rid, 2)
+    assert fast.nack(3, [second.id]) == 1
+    (third,) = fast.pop(3, "node-a", 1)
+    assert (third.id, third.payload, third.deliveries) == (rid, "p", 2)
+
+
+def test_nack_of_an_acked_request_does_not_resurrect_it(frontier: RedisFrontier) -> None:
+    frontier.enqueue(3, "fp", "p")
+    (leased,) = frontier.pop(3, "node-a", 1)
+    assert frontier.ack(3, [leased.id]) == 1
+    assert frontier.nack(3, [leased.id]) == 0
+    assert frontier.outstanding() == 0
+    assert frontier.pop(3, "node-a", 1) == []
+
+
+def test_nack_many_across_partitions(frontier: RedisFrontier) -> None:
+    frontier.set_owner(0, "node-a", 1)
+    for p in (0, 3):
+        frontier.enqueue(p, f"x{p}", f"X{p}")
+        frontier.enqueue(p, f"y{p}", f"Y{p}")
+    popped = frontier.pop_many({0: 1, 3: 1}, "node-a", count_per_partition=2).leased
+    by: dict[int, list[str]] = {0: [], 3: []}
+    for x in popped:
+        by[x.partition].append(x.id)
+    assert frontier.nack_many({0: by[0][:1], 3: [*by[3], "no-such-id"], 5: []}) == 3
+    assert frontier.nack_many({0: by[0], 3: by[3]}) == 1  # only 0's second one was still leased
+    assert frontier.nack_many({}) == 0
+    assert [(frontier.queued(p), frontier.leased(p)) for p in (0, 3)] == [(2, 0), (2, 0)]
+
+
+def test_a_late_ack_after_the_reaper_requeued_the_request_keeps_its_payload(
+    fast: RedisFrontier,
+) -> None:
+    payload = '{"url": "http://a/slow"}'
+    rid = fast.enqueue(3, "fp", payload)
+    (first,) = fast.pop(3, "node-a", 1)
+    _wait_for_fast_expiry()
+    assert fast.reap(3) == (1, 0)  # the holder is too slow: back to the queue
+    assert fast.ack(3, [first.id]) == 0  # its late ack changes nothing
+    assert fast.renew(3, [first.id]) == 0  # nor does a late heartbeat
+    assert (fast.queued(3), fast.leased(3)) == (1, 0)
+    (second,) = fast.pop(3, "node-a", 1)
+    assert (second.id, second.payload, second.deliveries) == (rid, payload, 2)
+    assert fast.ack(3, [second.id]) == 1
+    assert fast.outstanding() == 0
+
+
+def test_ack_many_and_renew_many_return_totals(frontier: RedisFrontier) -> None:
+    frontier.set_owner(0, "node-a", 1)
+    for i in range(2):
+        frontier.enqueue(0, f"a{i}", "x")
+    for i in range(3):
+        frontier.enqueue(3, f"b{i}", "x")
+    popped = frontier.pop_many({0: 1, 3: 1}, "node-a", count_per_partition=5).leased
+    by: dict[int, list[str]] = {0: [], 3: []}
+    for x in popped:
+        by[x.partition].append(x.id)
+    assert (len(by[0]), len(by[3])) == (2, 3)
+    time.sleep(0.2)
+    assert frontier.renew_many({0: by[0], 3: [*by[3], "no-such-id"], 5: []}) == 5
+    time.sleep(0.15)  # past the first leases' expiry, not the renewed one
+    assert frontier.reap(0) == (0, 0) and frontier.reap(3) == (0, 0)
+    assert frontier.ack_many({0: by[0], 3: by[3][:1]}) == 3
+    assert frontier.ack_many({0: by[0], 3: by[3]}) == 2  # only the two still leased
+    assert frontier.renew_many({0: by[0], 3: by[3]}) == 0
+    assert frontier.ack_many({}) == 0 and frontier.renew_many({}) == 0
+    assert frontier.outstanding() == 0
+
+
+def test_outstanding_counts_queued_and_leased_requests_of_every_partition(
+    frontier: RedisFrontier,
+) -> None:
+    assert frontier.outstanding() == 0
+    for p, n in ((0, 2), (3, 3), (7, 1)):
+        for i in range(n):
+            frontier.enqueue(p, f"fp{p}-{i}", "x")
+    assert frontier.outstanding() == 6
+    a, b = frontier.pop(3, "node-a", 1, count=2)
+    assert frontier.outstanding() == 6  # leased requests are not done yet
+    assert frontier.ack(3, [a.id]) == 1
+    assert frontier.outstanding() == 5
+    frontier.dead_letter(3, b.id, "malformed")
+    assert frontier.outstanding() == 4  # dead letters are not outstanding
+
+
+def test_clear_deletes_every_key_of_the_crawl_and_only_those(
+    frontier: RedisFrontier, redis_client: redis.Redis
+) -> None:
+    registry = NodeRegistry(redis_client, frontier)
+    registry.register("node-a")
+    registry.rebalance("node-a")
+    owned = registry.owned("node-a")
+    for p in (0, 3, 7):
+        frontier.enqueue(p, "seen-fp", f"P{p}")
+        frontier.enqueue(p, f"other-{p}", "x")
+    leased = frontier.pop_many(owned, "node-a", count_per_partition=2).leased
+    frontier.ack(leased[0].partition, [leased[0].id])
+    frontier.nack(leased[1].partition, [leased[1].id])
+    frontier.dead_letter(leased[2].partition, leased[2].id, "malformed")
+    redis_client.set("t:reaper-lock", "node-a", px=5000)
+    # Keys of another crawl and unrelated keys survive.
+    neighbour = RedisFrontier(redis_client, prefix="t2", partitions=8)
+    assert neighbour.enqueue(3, "seen-fp", "n") is not None
+    redis_client.set("unrelated", "1")
+    survivors = {b"unrelated"}
+    survivors |= {k.encode() for k in vars(neighbour.keys(3)).values() if redis_client.exists(k)}
+    before = set(redis_client.keys("*"))
+    assert survivors < before
+
+    assert frontier.clear() == len(before - survivors)
+    assert set(redis_client.keys("*")) == survivors
+    assert frontier.outstanding() == 0
+    assert frontier.dead_letters(3) == [] and frontier.owner(3) is None
+    assert frontier.enqueue(3, "seen-fp", "fresh") is not None  # the seen set is gone too
+    assert neighbour.enqueue(3, "seen-fp", "n") is None
+
+
+def test_dead_letter_of_a_request_no_longer_leased_does_nothing(fast: RedisFrontier) -> None:
+    acked_id = fast.enqueue(3, "acked", "pa")
+    (acked,) = fast.pop(3, "node-a", 1)
+    assert acked.id == acked_id and fast.ack(3, [acked.id]) == 1
+    fast.dead_letter(3, acked.id, "too late")
+
+    rid = fast.enqueue(3, "requeued", "pr")
+    (first,) = fast.pop(3, "node-a", 1)
+    _wait_for_fast_expiry()
+    assert fast.reap(3) == (1, 0)
+    fast.dead_letter(3, first.id, "too late")  # back in the queue: not leased any more
+    fast.dead_letter(3, "no-such-id", "never existed")
+
+    assert fast.dead_letters(3) == []
+    assert (fast.queued(3), fast.leased(3)) == (1, 0)
+    (again,) = fast.pop(3, "node-a", 1)
+    assert (again.id, again.payload, again.deliveries) == (rid, "pr", 2)

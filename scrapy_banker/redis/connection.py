@@ -16,11 +16,12 @@ from typing import Any
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from scrapy_banker.settings import SettingsLike, load_config
 
-__all__ = ["redis_from_settings"]
+__all__ = ["redis_cluster_from_settings", "redis_from_settings"]
 
 #: Defaults like scrapy-redis's, with bounded timeouts so a dead server is noticed.
 DEFAULT_PARAMS: dict[str, Any] = {
@@ -38,7 +39,33 @@ _NAMES = {
 }
 
 
+def redis_cluster_from_settings(settings: SettingsLike) -> RedisCluster:
+    """A Redis Cluster client from the same settings (any one node's address)."""
+    params = _params(settings)
+    params.pop("db", None)  # a cluster has only database 0
+    params.pop("health_check_interval", None)
+    url = params.pop("url", None)
+    if url:
+        _check_url(url)
+        return RedisCluster.from_url(url, **params)
+    return RedisCluster(**params)
+
+
 def redis_from_settings(settings: SettingsLike) -> redis.Redis:
+    params = _params(settings)
+    url = params.pop("url", None)
+    if url:
+        _check_url(url)
+        return redis.Redis.from_url(url, **params)
+    return redis.Redis(**params)
+
+
+def _check_url(url: Any) -> None:
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"Invalid REDIS_URL={url!r}: expected redis://, rediss:// or unix:// URL")
+
+
+def _params(settings: SettingsLike) -> dict[str, Any]:
     config = load_config(settings)
     params: dict[str, Any] = dict(DEFAULT_PARAMS)
     extra = settings.get("REDIS_PARAMS", None) or {}
@@ -55,11 +82,4 @@ def redis_from_settings(settings: SettingsLike) -> redis.Redis:
         config.redis_retries,
     )
     params["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
-    url = params.pop("url", None)
-    if url:
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                f"Invalid REDIS_URL={url!r}: expected redis://, rediss:// or unix:// URL"
-            )
-        return redis.Redis.from_url(url, **params)
-    return redis.Redis(**params)
+    return params

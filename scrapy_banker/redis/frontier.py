@@ -25,15 +25,19 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import redis
-from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+
+    from redis.cluster import RedisCluster
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Leased", "NotOwner", "PartitionKeys", "RedisFrontier"]
+__all__ = ["Leased", "NotOwner", "PartitionKeys", "PopResult", "RedisFrontier"]
+
+#: Scripts run by name; each is loaded once per server and run by EVALSHA.
+_SCRIPTS = ("enqueue", "pop", "ack", "nack", "renew", "reap", "deadletter")
 
 
 class NotOwner(RuntimeError):
@@ -57,6 +61,20 @@ class Leased:
     id: str
     payload: str
     deliveries: int
+
+
+@dataclass
+class PopResult:
+    """What one pipelined pop over many partitions found."""
+
+    leased: list[Leased]
+    #: Partitions this node was fenced off from (another node or epoch owns them).
+    not_owned: list[int]
+    #: Partitions handed over to this node whose previous owner still has
+    #: requests in flight: popping waits until they are acked or expire.
+    busy: list[int]
+    #: Partitions that had nothing queued.
+    empty: list[int]
 
 
 def _script(name: str) -> str:
@@ -89,13 +107,16 @@ class RedisFrontier:
         self.partitions = partitions
         self.lease_ttl_ms = lease_ttl_ms
         self.max_deliveries = max_deliveries
-        self._enqueue_source = _script("enqueue")
+        self._sources = {name: _script(name) for name in _SCRIPTS}
+        self._shas: dict[str, str] = {}
+        self._enqueue_source = self._sources["enqueue"]
         self._enqueue = client.register_script(self._enqueue_source)
-        self._pop = client.register_script(_script("pop"))
-        self._ack = client.register_script(_script("ack"))
-        self._renew = client.register_script(_script("renew"))
-        self._reap = client.register_script(_script("reap"))
-        self._deadletter = client.register_script(_script("deadletter"))
+        self._pop = client.register_script(self._sources["pop"])
+        self._ack = client.register_script(self._sources["ack"])
+        self._nack = client.register_script(self._sources["nack"])
+        self._renew = client.register_script(self._sources["renew"])
+        self._reap = client.register_script(self._sources["reap"])
+        self._deadletter = client.register_script(self._sources["deadletter"])
 
     def keys(self, partition: int) -> PartitionKeys:
         if not 0 <= partition < self.partitions:
@@ -138,36 +159,43 @@ class RedisFrontier:
             keys = [k.queue, k.seen, k.payloads, k.meta]
             args: list[Any] = [fingerprint, payload, int(priority), "1" if dont_filter else "0"]
             calls.append((keys, args))
-        if isinstance(self.client, RedisCluster):
-            results = self._enqueue_many_cluster(calls)
-        else:
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                self._enqueue(keys=keys, args=args, client=pipe)
-            results = pipe.execute()
+        results = self._evalsha_many("enqueue", calls)
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
         return [None if r is None else _text(r) for r in results]
 
-    def _enqueue_many_cluster(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """redis-py's cluster pipeline refuses script objects: send raw EVALSHA.
+    def _evalsha_many(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run one script many times in one round trip; errors come back in place.
 
-        The script is loaded on every primary first; a node restarted since
-        has lost it, so a NOSCRIPT answer reloads it and retries the batch
-        once.  Entries that already ran on other nodes are deduplicated by
-        their seen set on the retry, except ``dont_filter`` ones, which may be
-        queued twice: a duplicate, never a loss (at-least-once).
+        Raw EVALSHA in a non-transactional pipeline: redis-py's cluster
+        pipeline refuses script objects, and raw commands work the same on a
+        single server.  A server restarted since the script was loaded
+        answers NOSCRIPT: the script is reloaded and only those calls are
+        sent again.  Every script is idempotent or deduplicated (enqueue by
+        its seen set), so re-sending is a duplicate at worst, never a loss.
         """
-        assert isinstance(self.client, RedisCluster)
-        for attempt in (1, 2):
-            sha = self.client.script_load(self._enqueue_source)
-            pipe = self.client.pipeline()  # type: ignore[no-untyped-call]
-            for keys, args in calls:
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in (1, 2, 3):
+            sha = self._shas.get(name)
+            if sha is None or attempt > 1:
+                sha = self._shas[name] = str(self.client.script_load(self._sources[name]))
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                keys, args = calls[i]
                 pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-            try:
-                return list(pipe.execute())
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+            answers = pipe.execute(raise_on_error=False)
+            retry = []
+            for i, answer in zip(todo, answers, strict=True):
+                if isinstance(answer, NoScriptError) and attempt < 3:
+                    retry.append(i)
+                else:
+                    results[i] = answer
+            if not retry:
+                break
+            todo = retry
+        return results
 
     # -- ownership ------------------------------------------------------------------
 
@@ -188,25 +216,104 @@ class RedisFrontier:
                 keys=[k.queue, k.leases, k.payloads, k.meta, k.owner],
                 args=[node, int(epoch), self.lease_ttl_ms, int(count)],
             )
-        except Exception as exc:  # redis.ResponseError, without importing redis here
+        except redis.ResponseError as exc:
             if "NOTOWNER" in str(exc):
                 raise NotOwner(
                     f"partition {partition} is not owned by {node}@{epoch} ({exc})"
                 ) from None
+            if str(exc).startswith("BUSY"):
+                return []  # the previous owner's requests are still in flight
             raise
-        # A payload that is not UTF-8 (garbage, a planted pickle) must not crash
-        # the worker here: decoded lossily, the codec refuses it and the caller
-        # dead-letters it.
-        return [
-            Leased(partition, _text(flat[i]), _text(flat[i + 1], lossy=True), int(flat[i + 2]))
-            for i in range(0, len(flat), 3)
-        ]
+        return _leased(partition, flat)
+
+    def pop_many(
+        self, owned: Mapping[int, int], node: str, count_per_partition: int = 1
+    ) -> PopResult:
+        """:meth:`pop` on many partitions in one round trip; ``owned``: partition -> epoch."""
+        partitions = list(owned)
+        calls: list[tuple[list[str], list[Any]]] = []
+        for p in partitions:
+            k = self.keys(p)
+            calls.append((
+                [k.queue, k.leases, k.payloads, k.meta, k.owner],
+                [node, int(owned[p]), self.lease_ttl_ms, int(count_per_partition)],
+            ))  # fmt: skip
+        result = PopResult([], [], [], [])
+        for p, answer in zip(partitions, self._evalsha_many("pop", calls), strict=True):
+            if isinstance(answer, redis.ResponseError):
+                text = str(answer)
+                if "NOTOWNER" in text:
+                    result.not_owned.append(p)
+                elif text.startswith("BUSY"):
+                    result.busy.append(p)
+                else:
+                    raise answer
+            elif isinstance(answer, Exception):
+                raise answer
+            elif answer:
+                result.leased.extend(_leased(p, answer))
+            else:
+                result.empty.append(p)
+        return result
 
     def ack(self, partition: int, ids: Sequence[str]) -> int:
         if not ids:
             return 0
         k = self.keys(partition)
         return int(self._ack(keys=[k.leases, k.payloads, k.meta], args=list(ids)))
+
+    def ack_many(self, ids: Mapping[int, Sequence[str]]) -> int:
+        """Pipelined :meth:`ack`: partition -> ids."""
+        return self._per_partition("ack", ids, lambda k: [k.leases, k.payloads, k.meta], [])
+
+    def nack(self, partition: int, ids: Sequence[str]) -> int:
+        """Give leased requests back unprocessed; the delivery does not count."""
+        return self.nack_many({partition: ids})
+
+    def nack_many(self, ids: Mapping[int, Sequence[str]]) -> int:
+        return self._per_partition("nack", ids, lambda k: [k.queue, k.leases, k.meta], [])
+
+    def renew_many(self, ids: Mapping[int, Sequence[str]]) -> int:
+        return self._per_partition("renew", ids, lambda k: [k.leases], [self.lease_ttl_ms])
+
+    def _per_partition(
+        self,
+        name: str,
+        ids: Mapping[int, Sequence[str]],
+        keys_of: Callable[[PartitionKeys], list[str]],
+        head: list[Any],
+    ) -> int:
+        calls = [(keys_of(self.keys(p)), [*head, *batch]) for p, batch in ids.items() if batch]
+        total = 0
+        for answer in self._evalsha_many(name, calls):
+            if isinstance(answer, Exception):
+                raise answer
+            total += int(answer)
+        return total
+
+    def outstanding(self) -> int:
+        """Requests queued or leased in the whole crawl: 0 means the crawl is done.
+
+        Two ``ZCARD`` per partition in one pipeline (no ``SCAN``); called only
+        by idle workers, to decide whether the crawl is over.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(self.partitions):
+            k = self.keys(p)
+            pipe.zcard(k.queue)
+            pipe.zcard(k.leases)
+        return sum(int(n) for n in pipe.execute())
+
+    def clear(self) -> int:
+        """Delete every key of this crawl (all partitions): a fresh start."""
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(self.partitions):
+            k = self.keys(p)
+            for key in (k.queue, k.leases, k.payloads, k.meta, k.owner, k.dead, k.seen):
+                pipe.delete(key)
+        for suffix in ("nodes", "heartbeats", "table", "rebalance-lock", "reaper-lock"):
+            pipe.delete(f"{self.prefix}:{suffix}")
+        return sum(int(n) for n in pipe.execute())
 
     def renew(self, partition: int, ids: Sequence[str]) -> int:
         if not ids:
@@ -270,6 +377,16 @@ class RedisFrontier:
 
     def leased(self, partition: int) -> int:
         return int(self.client.zcard(self.keys(partition).leases))
+
+
+def _leased(partition: int, flat: Sequence[Any]) -> list[Leased]:
+    # A payload that is not UTF-8 (garbage, a planted pickle) must not crash
+    # the worker here: decoded lossily, the codec refuses it and the caller
+    # dead-letters it.
+    return [
+        Leased(partition, _text(flat[i]), _text(flat[i + 1], lossy=True), int(flat[i + 2]))
+        for i in range(0, len(flat), 3)
+    ]
 
 
 def _text(value: Any, lossy: bool = False) -> str:

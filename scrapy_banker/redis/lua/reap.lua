@@ -8,6 +8,9 @@ local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "LIMIT", 0, to
 local requeued, dead = 0, 0
 for _, id in ipairs(expired) do
   redis.call("ZREM", KEYS[2], id)
+  local e = redis.call("HGET", KEYS[4], "e:" .. id)
+  if e then redis.call("HINCRBY", KEYS[4], "h:" .. e, -1) end
+  redis.call("HDEL", KEYS[4], "e:" .. id)
   local n = tonumber(redis.call("HGET", KEYS[4], "d:" .. id) or "0")
   local payload = redis.call("HGET", KEYS[3], id)
   if n >= tonumber(ARGV[1]) then

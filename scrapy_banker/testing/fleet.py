@@ -15,6 +15,8 @@ URLs from Redis), ``stats_out`` (path of the stats JSON).
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -32,7 +34,7 @@ from scrapy_banker.testing.resolver import farm_settings
 if TYPE_CHECKING:
     from scrapy.http import Response
 
-__all__ = ["FleetRedisSpider", "FleetSpider", "main"]
+__all__ = ["FleetRedisSpider", "FleetSpider", "FleetWorker", "main"]
 
 FARM_LINK = r"^https?://[a-z0-9-]+\.farm\.test(:\d+)?/"
 
@@ -68,6 +70,44 @@ class FleetRedisSpider(_Follow, RedisSpider):  # type: ignore[misc]
 
     def __init__(self, seeds: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+
+
+class FleetWorker:
+    """A worker process started from a spec; its log and stats live in ``workdir``."""
+
+    def __init__(self, name: str, workdir: Path, spec: dict[str, Any]) -> None:
+        self.name = name
+        self.stats_path = workdir / f"{name}.stats.json"
+        self.log_path = workdir / f"{name}.log"
+        spec = {**spec, "stats_out": str(self.stats_path)}
+        spec["settings"] = {"LOG_FILE": str(self.log_path), **spec.get("settings", {})}
+        spec_path = workdir / f"{name}.spec.json"
+        spec_path.write_text(json.dumps(spec), "utf-8")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "scrapy_banker.testing.fleet", str(spec_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up of any kind, as in a crash or an OOM kill."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stats(self) -> dict[str, Any]:
+        if not self.stats_path.exists():
+            raise AssertionError(f"worker {self.name} wrote no stats; log:\n{self.log_tail()}")
+        data: dict[str, Any] = json.loads(self.stats_path.read_text("utf-8"))
+        return data
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text("utf-8", errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,246 @@
+"""Real fleets: several ``scrapy crawl`` worker processes, one real redis-server, the farm.
+
+Every test asserts on what the farm served (each URL's fetch count, the most
+requests one host ever had in flight) and on the workers' stats, after faults
+injected at a seeded random moment: a worker killed with SIGKILL, Redis
+killed and restarted, Redis paused (``CLIENT PAUSE``) or blocked (``DEBUG
+SLEEP``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.testing.fleet import FleetWorker
+from scrapy_banker.testing.redis_server import RedisServer
+from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+
+PER_HOST = 2
+PARTITIONS = 64
+SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def farm() -> Iterator[WebFarm]:
+    # ~2,000 pages on 40 hosts, 40 ms each: a 3-worker crawl lasts a few seconds,
+    # long enough to hit it with a fault in the middle.
+    with WebFarm(FarmConfig(seed=11, hosts=40, total_pages=2000, latency_ms=40.0)) as f:
+        yield f
+
+
+def _settings(server: RedisServer, node: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "SCHEDULER": SCHEDULER,
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "REDIS_URL": server.url,
+        "REDIS_PARAMS": {"socket_timeout": 2, "socket_connect_timeout": 2},
+        "BANKER_REDIS_NODE_ID": node,
+        "BANKER_REDIS_PARTITIONS": PARTITIONS,
+        "BANKER_REDIS_IDLE_BEFORE_CLOSE": 1.5,
+        "BANKER_REDIS_HEARTBEAT": 0.5,
+        "BANKER_REDIS_NODE_TIMEOUT": 3.0,
+        "BANKER_REDIS_LEASE_TTL": 3.0,
+        "BANKER_REDIS_REAP_INTERVAL": 1.0,
+        "BANKER_REDIS_RETRIES": 2,
+        "BANKER_REDIS_BACKOFF_CAP": 0.5,
+        "CONCURRENT_REQUESTS": 16,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
+        **extra,
+    }
+
+
+def _fleet(
+    farm: WebFarm, server: RedisServer, tmp: Path, n: int, **extra: Any
+) -> list[FleetWorker]:
+    farm.reset()
+    seeds = farm.start_urls()
+    return [
+        FleetWorker(f"w{i}", tmp, {"settings": _settings(server, f"w{i}", **extra),
+                                   "seeds": seeds})  # fmt: skip
+        for i in range(n)
+    ]
+
+
+def _wait(workers: list[FleetWorker], timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        code = w.wait(max(1.0, deadline - time.monotonic()))
+        assert code == 0, f"worker {w.name} exited with {code}:\n{w.log_tail()}"
+
+
+def _progress(farm: WebFarm) -> int:
+    return int(farm.stats()["requests"])
+
+
+def _wait_for_progress(farm: WebFarm, fraction: float, workers: list[FleetWorker]) -> None:
+    target = int(len(farm.expected_urls()) * fraction)
+    deadline = time.monotonic() + 120
+    while _progress(farm) < target:
+        assert time.monotonic() < deadline, "the crawl made no progress"
+        assert all(w.proc.poll() is None for w in workers), "a worker ended early"
+        time.sleep(0.02)
+
+
+def _outcome(farm: WebFarm) -> tuple[set[str], set[str], int, int]:
+    stats = farm.stats(urls=True)
+    fetches: dict[str, int] = stats["fetches"]
+    expected = farm.expected_urls()
+    duplicates = sum(n - 1 for n in fetches.values() if n > 1)
+    return expected, set(fetches), duplicates, max(stats["max_inflight_per_host"].values())
+
+
+def test_three_workers_crawl_the_farm_once_politely(
+    farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    workers = _fleet(farm, redis_server, tmp_path, 3)
+    _wait(workers)
+    expected, fetched, duplicates, max_inflight = _outcome(farm)
+    assert fetched == expected
+    assert duplicates == 0
+    # One owner per partition, so Scrapy's per-domain limit holds fleet-wide.
+    assert max_inflight <= PER_HOST
+    stats = [w.stats() for w in workers]
+    responses = [s.get("response_received_count", 0) for s in stats]
+    assert sum(responses) == len(expected)
+    assert all(r > 0 for r in responses), f"some worker did nothing: {responses}"
+    for s in stats:
+        assert s["finish_reason"] == "finished"
+        assert s["banker/redis/acked"] == s["response_received_count"]
+        assert s.get("banker/redis/malformed", 0) == 0
+    assert sum(s["banker/redis/enqueued"] for s in stats) == len(expected)
+    # Everything acked: nothing left queued or leased in Redis.
+    frontier = RedisFrontier(redis_client, prefix="banker:fleet", partitions=PARTITIONS)
+    assert frontier.outstanding() == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_kill_9_a_worker_loses_nothing(
+    farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis, seed: int
+) -> None:
+    rng = random.Random(seed)
+    workers = _fleet(farm, redis_server, tmp_path, 3)
+    victim = workers[rng.randrange(3)]
+    _wait_for_progress(farm, rng.uniform(0.15, 0.6), workers)
+    frontier = RedisFrontier(redis_client, prefix="banker:fleet", partitions=PARTITIONS)
+    registry = NodeRegistry(redis_client, frontier)
+    owned = registry.owned(victim.name)
+    victim.kill()
+    # Everything the victim held at the kill: buffered or in flight, unacked.
+    held = sum(frontier.leased(p) for p in owned)
+    survivors = [w for w in workers if w is not victim]
+    _wait(survivors)
+    expected, fetched, duplicates, max_inflight = _outcome(farm)
+    assert fetched == expected, f"lost {len(expected - fetched)} pages (seed {seed})"
+    assert duplicates <= held, f"{duplicates} duplicates but the victim held {held} leases"
+    stats = [w.stats() for w in survivors]
+    assert sum(s.get("banker/redis/reaped", 0) for s in stats) >= 1 or held == 0
+    assert all(s["finish_reason"] == "finished" for s in stats)
+    assert frontier.outstanding() == 0
+
+
+def _fault_test(
+    farm: WebFarm,
+    tmp_path: Path,
+    fault: Callable[[RedisServer], None],
+    *,
+    server_args: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    with RedisServer(extra_args=server_args) as server:
+        # Leases outlive the outage: no request is handed to a second worker.
+        workers = _fleet(farm, server, tmp_path, 2, BANKER_REDIS_LEASE_TTL=10.0)
+        _wait_for_progress(farm, 0.3, workers)
+        fault(server)
+        _wait(workers)
+        expected, fetched, duplicates, max_inflight = _outcome(farm)
+        assert fetched == expected, f"lost {len(expected - fetched)} pages"
+        client = redis.Redis.from_url(server.url)
+        frontier = RedisFrontier(client, prefix="banker:fleet", partitions=PARTITIONS)
+        assert frontier.outstanding() == 0
+        client.close()
+        assert duplicates == 0
+        assert max_inflight <= PER_HOST
+        return [w.stats() for w in workers]
+
+
+def test_redis_killed_and_restarted_mid_crawl(farm: WebFarm, tmp_path: Path) -> None:
+    def restart(server: RedisServer) -> None:
+        server.kill()
+        time.sleep(2.0)
+        server.start()
+
+    # Durable Redis (AOF, fsync always): a restart keeps what it acknowledged.
+    stats = _fault_test(
+        farm, tmp_path, restart, server_args=["--appendonly", "yes", "--appendfsync", "always"]
+    )
+    assert sum(s.get("banker/redis/errors", 0) for s in stats) >= 1
+    assert all(s["finish_reason"] == "finished" for s in stats)
+
+
+def test_client_pause_mid_crawl(farm: WebFarm, tmp_path: Path) -> None:
+    def pause(server: RedisServer) -> None:
+        client = redis.Redis.from_url(server.url)
+        client.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+        client.close()
+
+    stats = _fault_test(farm, tmp_path, pause)
+    assert all(s["finish_reason"] == "finished" for s in stats)
+
+
+def test_debug_sleep_mid_crawl(farm: WebFarm, tmp_path: Path) -> None:
+    blocked: list[float] = []
+
+    def sleep(server: RedisServer) -> None:
+        client = redis.Redis.from_url(server.url, socket_timeout=30)
+        t0 = time.monotonic()
+        client.execute_command("DEBUG", "SLEEP", 4)  # the server blocks for 4 s
+        blocked.append(time.monotonic() - t0)
+        client.close()
+
+    # The workers' 2 s socket timeouts fire during the stall; redis-py's Retry
+    # or the worker's own backoff rides it out.
+    stats = _fault_test(farm, tmp_path, sleep)
+    assert blocked and blocked[0] >= 3.5
+    assert all(s["finish_reason"] == "finished" for s in stats)
+
+
+def test_malicious_pickle_in_the_queue_is_never_executed(
+    farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    marker = tmp_path / "pwned"
+    # What scrapy-redis would unpickle: os.system("touch <marker>").
+    evil = (
+        b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
+    )
+    frontier = RedisFrontier(redis_client, prefix="banker:fleet", partitions=PARTITIONS)
+    for p in (0, 1, 2):
+        frontier.enqueue(p, f"evil-{p}", evil.decode("latin-1"), priority=100)
+    # A JSON payload naming a class outside the allow-list, and one whose
+    # callback is a private method: refused as well.
+    frontier.enqueue(3, "evil-cls", json.dumps(
+        {"_class": "subprocess.Popen", "url": "http://x.farm.test/", "args": ["id"]}), 100)
+    frontier.enqueue(4, "evil-cb", json.dumps(
+        {"url": farm.url(0, "/"), "callback": "_private", "method": "GET"}), 100)
+    workers = _fleet(farm, redis_server, tmp_path, 1)
+    # _fleet() resets the farm only: the planted payloads are still queued.
+    _wait(workers)
+    assert not marker.exists()
+    (stats,) = [w.stats() for w in workers]
+    assert stats["banker/redis/malformed"] == 5
+    assert stats["banker/redis/dead_lettered"] == 5
+    dead = [d for p in range(5) for d in frontier.dead_letters(p)]
+    assert len(dead) == 5
+    assert all(d["reason"].startswith("malformed") for d in dead)
+    expected, fetched, _, _ = _outcome(farm)
+    assert fetched == expected  # the crawl itself went on

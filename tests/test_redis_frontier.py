@@ -430,3 +430,19 @@ def test_dead_letter_of_a_request_no_longer_leased_does_nothing(fast: RedisFront
     assert (fast.queued(3), fast.leased(3)) == (1, 0)
     (again,) = fast.pop(3, "node-a", 1)
     assert (again.id, again.payload, again.deliveries) == (rid, "pr", 2)
+
+
+def test_delivery_tokens_make_a_stale_holders_ack_and_nack_no_ops(fast: RedisFrontier) -> None:
+    rid = fast.enqueue(3, "fp", '{"url": "http://a/x"}')
+    (first,) = fast.pop(3, "node-a", 1)
+    _wait_for_fast_expiry()
+    assert fast.reap(3) == (1, 0)
+    fast.set_owner(3, "node-b", 2)
+    (second,) = fast.pop(3, "node-b", 2)  # the request now belongs to node-b
+    assert second.deliveries == 2
+    stale = f"{first.id}#{first.deliveries}"
+    assert fast.nack(3, [stale]) == 0  # node-a's late nack leaves node-b's lease alone
+    assert fast.ack(3, [stale]) == 0  # and so does its late ack
+    assert (fast.queued(3), fast.leased(3)) == (0, 1)
+    assert fast.ack(3, [f"{rid}#{second.deliveries}"]) == 1
+    assert fast.outstanding() == 0

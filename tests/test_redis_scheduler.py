@@ -22,7 +22,7 @@ import redis
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.testing.fleet import FleetWorker
-from scrapy_banker.testing.redis_server import RedisServer
+from scrapy_banker.testing.redis_server import RedisClusterServer, RedisServer
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 PER_HOST = 2
@@ -40,11 +40,11 @@ def farm() -> Iterator[WebFarm]:
         yield f
 
 
-def _settings(server: RedisServer, node: str, **extra: Any) -> dict[str, Any]:
+def _settings(server: RedisServer | str, node: str, **extra: Any) -> dict[str, Any]:
     return {
         "SCHEDULER": SCHEDULER,
         "ADDONS": {"scrapy_banker.Addon": 500},
-        "REDIS_URL": server.url,
+        "REDIS_URL": server if isinstance(server, str) else server.url,
         "REDIS_PARAMS": {"socket_timeout": 2, "socket_connect_timeout": 2},
         "BANKER_REDIS_NODE_ID": node,
         "BANKER_REDIS_PARTITIONS": PARTITIONS,
@@ -67,8 +67,7 @@ def _fleet(
     farm.reset()
     seeds = farm.start_urls()
     return [
-        FleetWorker(f"w{i}", tmp, {"settings": _settings(server, f"w{i}", **extra),
-                                   "seeds": seeds})  # fmt: skip
+        FleetWorker(f"w{i}", tmp, {"settings": _settings(server, f"w{i}", **extra), "seeds": seeds})
         for i in range(n)
     ]
 
@@ -141,7 +140,7 @@ def test_kill_9_a_worker_loses_nothing(
     held = sum(frontier.leased(p) for p in owned)
     survivors = [w for w in workers if w is not victim]
     _wait(survivors)
-    expected, fetched, duplicates, max_inflight = _outcome(farm)
+    expected, fetched, duplicates, _ = _outcome(farm)
     assert fetched == expected, f"lost {len(expected - fetched)} pages (seed {seed})"
     assert duplicates <= held, f"{duplicates} duplicates but the victim held {held} leases"
     stats = [w.stats() for w in survivors]
@@ -220,18 +219,24 @@ def test_malicious_pickle_in_the_queue_is_never_executed(
 ) -> None:
     marker = tmp_path / "pwned"
     # What scrapy-redis would unpickle: os.system("touch <marker>").
-    evil = (
-        b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
-    )
+    evil = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
     frontier = RedisFrontier(redis_client, prefix="banker:fleet", partitions=PARTITIONS)
     for p in (0, 1, 2):
         frontier.enqueue(p, f"evil-{p}", evil.decode("latin-1"), priority=100)
     # A JSON payload naming a class outside the allow-list, and one whose
     # callback is a private method: refused as well.
-    frontier.enqueue(3, "evil-cls", json.dumps(
-        {"_class": "subprocess.Popen", "url": "http://x.farm.test/", "args": ["id"]}), 100)
-    frontier.enqueue(4, "evil-cb", json.dumps(
-        {"url": farm.url(0, "/"), "callback": "_private", "method": "GET"}), 100)
+    frontier.enqueue(
+        3,
+        "evil-cls",
+        json.dumps({"_class": "subprocess.Popen", "url": "http://x.farm.test/", "args": ["id"]}),
+        100,
+    )
+    frontier.enqueue(
+        4,
+        "evil-cb",
+        json.dumps({"url": farm.url(0, "/"), "callback": "_private", "method": "GET"}),
+        100,
+    )
     workers = _fleet(farm, redis_server, tmp_path, 1)
     # _fleet() resets the farm only: the planted payloads are still queued.
     _wait(workers)
@@ -244,3 +249,87 @@ def test_malicious_pickle_in_the_queue_is_never_executed(
     assert all(d["reason"].startswith("malformed") for d in dead)
     expected, fetched, _, _ = _outcome(farm)
     assert fetched == expected  # the crawl itself went on
+
+
+def _seed_redis_spider(client: redis.Redis, farm: WebFarm) -> None:
+    # scrapy-redis 0.9's JSON start-URL format.
+    client.rpush("fleet:start_urls", *[json.dumps({"url": u}) for u in farm.start_urls()])
+
+
+_REDIS_SPIDER = {
+    "MAX_IDLE_TIME_BEFORE_CLOSE": 2,  # scrapy-redis: close after 2 s without start URLs
+    "REDIS_START_URLS_BATCH_SIZE": 1000,
+    "BANKER_REDIS_IDLE_BEFORE_CLOSE": 0.5,
+}
+
+
+def test_redis_spider_start_urls_feed_the_fleet(
+    farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    farm.reset()
+    _seed_redis_spider(redis_client, farm)
+    workers = [
+        FleetWorker(
+            f"w{i}",
+            tmp_path,
+            {"spider": "redis", "settings": _settings(redis_server, f"w{i}", **_REDIS_SPIDER)},
+        )
+        for i in range(2)
+    ]
+    _wait(workers)
+    expected, fetched, _, max_inflight = _outcome(farm)
+    assert fetched == expected
+    # scrapy-redis makes start URLs dont_filter=True; as in Scrapy, such a
+    # request is not recorded as seen, so a root page linked again is fetched
+    # once more.  Nothing else is fetched twice.
+    fetches = farm.stats(urls=True)["fetches"]
+    twice = {u for u, n in fetches.items() if n > 1}
+    assert twice <= set(farm.start_urls())
+    assert all(fetches[u] == 2 for u in twice)
+    assert max_inflight <= PER_HOST
+    assert redis_client.llen("fleet:start_urls") == 0
+    stats = [w.stats() for w in workers]
+    assert sum(s.get("response_received_count", 0) for s in stats) == sum(fetches.values())
+
+
+def test_scrapy_redis_stats_collector_records_banker_stats(
+    redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    # scrapy-redis's collector makes every stats call a Redis round trip on the
+    # reactor thread: a small farm keeps this test short.
+    with WebFarm(FarmConfig(seed=2, hosts=4, total_pages=120, latency_ms=5.0)) as small:
+        _seed_redis_spider(redis_client, small)
+        settings = _settings(
+            redis_server,
+            "solo",
+            STATS_CLASS="scrapy_redis.stats.RedisStatsCollector",
+            SCHEDULER_PERSIST=True,  # keep the stats hash after the crawl
+            **_REDIS_SPIDER,
+        )
+        worker = FleetWorker("solo", tmp_path, {"spider": "redis", "settings": settings})
+        _wait([worker])
+        expected, fetched, _, _ = _outcome(small)
+        served = sum(small.stats(urls=True)["fetches"].values())
+    assert fetched == expected
+    stored = {k.decode(): v.decode() for k, v in redis_client.hgetall("fleet:stats").items()}
+    assert int(stored["banker/redis/acked"]) == served
+    assert int(stored["response_received_count"]) == served
+    assert stored["banker/redis/node"] == "solo"
+
+
+def test_two_workers_on_a_real_redis_cluster(farm: WebFarm, tmp_path: Path) -> None:
+    with RedisClusterServer() as cluster:
+        farm.reset()
+        seeds = farm.start_urls()
+        workers = []
+        for i in range(2):
+            settings = _settings(cluster.url, f"w{i}", BANKER_REDIS_CLUSTER=True)
+            workers.append(FleetWorker(f"w{i}", tmp_path, {"settings": settings, "seeds": seeds}))
+        _wait(workers)
+        expected, fetched, duplicates, max_inflight = _outcome(farm)
+        assert fetched == expected
+        assert duplicates == 0
+        assert max_inflight <= PER_HOST
+        stats = [w.stats() for w in workers]
+        assert all(s.get("banker/redis/errors", 0) == 0 for s in stats)
+        assert sum(s["banker/redis/acked"] for s in stats) == len(expected)

@@ -55,7 +55,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["META_LEASE", "BankerRedisScheduler"]
 
-#: ``"<partition>|<lease id>"`` of a request popped from Redis; never serialized.
+#: ``"<partition>|<lease id>#<delivery>"`` of a request popped from Redis; never
+#: serialized.  The delivery number makes the ack of a slow holder whose lease
+#: expired (and went to another node) a no-op instead of cancelling that node's.
 META_LEASE = "banker_lease"
 #: Meta keys that describe one delivery and must not travel with a new request
 #: (a retry or redirect copies ``meta``).
@@ -111,6 +113,7 @@ class BankerRedisScheduler(BankerScheduler):
         self._starved = False
         self._ticker: Any = None
         self._ticks = 0
+        self._was_idle = False
         self._concurrent = max(1, crawler.settings.getint("CONCURRENT_REQUESTS"))
 
     @classmethod
@@ -297,7 +300,7 @@ class BankerRedisScheduler(BankerScheduler):
                 continue
             if leased.deliveries > 1:
                 self.stats.inc_value("banker/redis/redelivered")
-            request.meta[META_LEASE] = f"{leased.partition}|{leased.id}"
+            request.meta[META_LEASE] = f"{leased.partition}|{leased.id}#{leased.deliveries}"
             self.frontier.push(
                 request,
                 topic=topic,
@@ -341,8 +344,13 @@ class BankerRedisScheduler(BankerScheduler):
     def _tick(self) -> None:
         self._ack_finished()
         self._request_more()
-        if self._waiting and self.worker.inbound:
+        idle = not self.has_pending_requests()
+        if self._waiting and (self.worker.inbound or (idle and not self._was_idle)):
+            # Work arrived, or the crawl just ended: tell the engine now rather
+            # than on its next 5 s heartbeat (once: an idle RedisSpider polls
+            # its start-URL key on every wake-up).
             wake_engine(self.crawler)
+        self._was_idle = idle
         self._ticks += 1
         if self._ticks % 10 == 0:  # a stats collector may itself be in Redis
             self._publish_counters()

@@ -345,6 +345,7 @@ class FrontierWorker:
         return 1
 
     def _forget(self, partition: int, lease_id: str) -> None:
+        lease_id = lease_id.split("#", 1)[0]  # an "id#delivery" token
         ids = self._held.get(partition)
         if ids is not None:
             ids.discard(lease_id)

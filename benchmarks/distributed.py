@@ -49,6 +49,25 @@ Fairness
     (with ``False`` the first worker to close deletes the shared queue under
     the others' feet) and Redis is flushed between runs.
 
+    With Scrapy 2.19 ``Spider.start()`` no longer calls scrapy-redis's
+    ``start_requests()``: a RedisSpider reads its start URLs only when its
+    spider goes idle.  A scrapy-redis worker is idle at once; a banker worker
+    only once the whole (still empty) crawl has been empty for
+    ``BANKER_REDIS_IDLE_BEFORE_CLOSE``, so the banker runs start about that
+    long later (``first_response_s`` in ``runs``).  That is what a user of
+    this combination gets, so the wall-clock figures keep it; the ``*_busy``
+    figures do not see it.
+
+    The workers run Twisted's epoll reactor (``--reactor``), not Scrapy's
+    default asyncio one: with the asyncio reactor Scrapy 2.19's downloader
+    does not enforce ``CONCURRENT_REQUESTS_PER_DOMAIN`` (``_process_queue``
+    starts every queued request of a slot in one go, because the coroutine
+    that marks a request as transferring is only scheduled, not started), so
+    one plain Scrapy process puts 5-16 requests on one host with a limit of
+    2.  The banker enforces the limit in its own frontier and is unaffected;
+    scrapy-redis would be measured without the politeness it was configured
+    with.  ``--reactor asyncio`` measures that configuration anyway.
+
     Every worker also loads :class:`FleetTuning`, an extension of this
     module (the workers get ``benchmarks/`` on ``PYTHONPATH``) that makes
     scrapy-redis 0.9 behave as its documentation says, for both systems:
@@ -58,8 +77,12 @@ Fairness
       per idle round, so the farm's host roots would trickle in 16 at a time,
       one batch each time a worker goes idle -- the crawl would measure that
       staging, not the schedulers.  The extension sets the spider's
-      ``redis_batch_size`` from it, so the first worker to start takes every
-      seed at once and schedules it into the shared frontier.
+      ``redis_batch_size`` from it, so the first worker to go idle takes
+      every seed at once and schedules it into the shared frontier.
+    * Seeds go through the dupefilter: scrapy-redis makes every request read
+      from the start-URL key ``dont_filter=True``, so each page linking back
+      to a host's root fetched that root again (one duplicate per host, with
+      either scheduler).  The extension clears the flag.
     * The idle clock: ``RedisSpider`` counts ``MAX_IDLE_TIME_BEFORE_CLOSE``
       from a timestamp taken when its module was imported and reset only
       when ``fleet:start_urls`` is non-empty, so after the first 3 s of a
@@ -73,28 +96,36 @@ Fairness
       Scrapy's heartbeat, not the schedulers; ``--heartbeat 5`` restores
       stock Scrapy.
 
+Network-bound, not CPU-bound
     The farm must be the bottleneck, not the 2 cores that run the workers,
-    the farm and Redis: ``cpu_busy`` (fraction of all cores busy during the
-    run, from ``/proc/stat``) and ``workers_cpu_s`` are reported per run; a
-    4-worker run with ``cpu_busy`` near 1 is CPU-bound and its speedup is a
-    statement about the machine.  Hosts are near-uniform in size (Zipf
-    ``s = 0.3``) so that no single host's ``per_host_limit / latency`` pace
-    dominates the crawl's length.
+    the farm and Redis.  A worker costs about 5 ms of CPU per page (parsing,
+    link extraction; the banker's Redis thread adds some), so 4 workers x 16
+    requests must not complete more than ~200 pages/s: hence 300 ms per
+    request (4 x 16 / 0.3 s = 213 pages/s at most; 1 worker: 53).  At 100 ms
+    the 4-worker runs use ~75% of both cores and measure the machine.
+    ``cpu_busy`` (fraction of all cores busy during the run, from
+    ``/proc/stat``) and ``workers_cpu_s`` are reported per run, and
+    ``timeline`` (pages served by the end of each second) shows the ramp-up,
+    the plateau and the tail.  Hosts are equal in size in ``--quick`` (mildly
+    skewed, Zipf ``s = 0.2``, in the full mode) so that no single host's
+    ``per_host_limit / latency`` pace (6.7 pages/s) dominates a crawl's length.
 
 Usage::
 
-    python benchmarks/distributed.py --quick   # 80 hosts, ~2,400 pages, 100 ms (~1.5 min)
-    python benchmarks/distributed.py           # 150 hosts, ~6,000 pages, 2 repeats
-    python benchmarks/distributed.py --tiny    # smoke test: 2 workers, ~300 pages
+    python benchmarks/distributed.py --quick   # 80 hosts, 1,280 pages, 300 ms (~1.7 min)
+    python benchmarks/distributed.py           # 150 hosts, ~3,000 pages, 2 repeats (~7 min)
+    python benchmarks/distributed.py --tiny    # smoke test: 2 workers, 190 pages (~15 s)
 
-``--seed`` (farm layout), ``--workers`` (fleet size, >= 2), ``--heartbeat``,
-``--repeats`` and ``--banker-set KEY=JSON`` (extra ``BANKER_*`` settings for
-the banker runs, e.g. ``--banker-set BANKER_REDIS_PARTITIONS=64``) override
-the mode.  Progress goes to stderr, a summary to stdout, and the last stdout
-line is the JSON object: the keys above plus ``per_host_limit``, ``workers``,
-the farm parameters and ``runs`` (every run's details).  A run that loses
-pages, or a worker that exits non-zero, prints the worker log tails to
-stderr; the JSON is printed all the same.
+``--seed`` (farm layout), ``--workers`` (fleet size, >= 2), ``--repeats``,
+``--hosts``, ``--pages``, ``--latency-ms``, ``--zipf``, ``--heartbeat``,
+``--reactor`` and ``--banker-set KEY=JSON`` (extra settings for the banker
+runs, e.g. ``--banker-set BANKER_REDIS_PARTITIONS=64``) override the mode.
+Progress goes to stderr, a summary to stdout, and the last stdout line is
+the JSON object: the keys above plus ``per_host_limit``, ``workers``, the
+farm parameters and ``runs`` (every run's details; with ``--repeats`` > 1 the
+pages/s figures are medians and lost/duplicates the worst run's).  A run
+that loses pages, or a worker that exits non-zero, prints the worker log
+tails to stderr; the JSON is printed all the same.
 """
 
 from __future__ import annotations
@@ -119,7 +150,6 @@ BANKER_SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
 SYSTEMS: tuple[str, ...] = ("scrapy_redis", "banker")
 CONCURRENT = 16
 PER_HOST = 2
-MAX_IDLE_S = 3
 SAMPLE_S = 0.1
 #: This module, as the workers import it (``benchmarks/`` on their PYTHONPATH).
 TUNING = "distributed.FleetTuning"
@@ -186,6 +216,10 @@ class Workload:
     repeats: int
     #: Per-run limit (s): a run still going after it is killed and reported.
     timeout_s: float
+    #: MAX_IDLE_TIME_BEFORE_CLOSE (whole seconds: scrapy-redis truncates it)
+    #: and BANKER_REDIS_IDLE_BEFORE_CLOSE; the smoke test shortens both.
+    max_idle_s: int = 3
+    banker_idle_s: float = 1.0
 
     def farm_config(self, seed: int) -> Any:
         from scrapy_banker.testing.webfarm import FarmConfig
@@ -199,12 +233,12 @@ class Workload:
         )
 
 
-FULL = Workload(hosts=150, total_pages=6000, latency_ms=100.0, zipf_s=0.3, workers=4,
+FULL = Workload(hosts=150, total_pages=2400, latency_ms=300.0, zipf_s=0.2, workers=4,
                 repeats=2, timeout_s=600.0)  # fmt: skip
-QUICK = Workload(hosts=80, total_pages=2400, latency_ms=100.0, zipf_s=0.3, workers=4,
+QUICK = Workload(hosts=80, total_pages=960, latency_ms=300.0, zipf_s=0.0, workers=4,
                  repeats=1, timeout_s=300.0)  # fmt: skip
-TINY = Workload(hosts=12, total_pages=240, latency_ms=30.0, zipf_s=0.3, workers=2,
-                repeats=1, timeout_s=120.0)  # fmt: skip
+TINY = Workload(hosts=10, total_pages=150, latency_ms=50.0, zipf_s=0.0, workers=2,
+                repeats=1, timeout_s=60.0, max_idle_s=1, banker_idle_s=0.5)  # fmt: skip
 
 
 def _log(message: str) -> None:
@@ -234,6 +268,8 @@ class Options:
     heartbeat: float
     reactor: str
     timeout_s: float
+    max_idle_s: int
+    banker_idle_s: float
     banker_extra: dict[str, Any]
 
 
@@ -247,7 +283,7 @@ def settings_for(
         "REDIS_URL": redis_url,
         "CONCURRENT_REQUESTS": CONCURRENT,
         "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
-        "MAX_IDLE_TIME_BEFORE_CLOSE": MAX_IDLE_S,
+        "MAX_IDLE_TIME_BEFORE_CLOSE": opts.max_idle_s,
         "REDIS_START_URLS_BATCH_SIZE": max(1000, 2 * seeds),
         "DISTRIBUTED_BENCH_HEARTBEAT": opts.heartbeat,
         "EXTENSIONS": {TUNING: 0},
@@ -267,7 +303,7 @@ def settings_for(
         "SCHEDULER": BANKER_SCHEDULER,
         "ADDONS": {"scrapy_banker.Addon": 500},
         "BANKER_REDIS_NODE_ID": node,
-        "BANKER_REDIS_IDLE_BEFORE_CLOSE": 1.0,
+        "BANKER_REDIS_IDLE_BEFORE_CLOSE": opts.banker_idle_s,
         **opts.banker_extra,
     }
 
@@ -312,6 +348,9 @@ def run_fleet(
     last_n = 0
     timed_out = False
     codes: dict[str, int | None] = {}
+    #: Pages served so far, once a second from the first worker's start.
+    timeline: list[int] = []
+    next_mark = t0
     while True:
         now = time.monotonic()
         n = int(farm.stats()["requests"])
@@ -319,6 +358,9 @@ def run_fleet(
             first_t, first_n = now, n
         if n != last_n:
             last_t, last_n = now, n
+        if now >= next_mark:
+            timeline.append(n)
+            next_mark += 1.0
         for w in workers:
             if w.name not in codes and w.proc.poll() is not None:
                 codes[w.name] = w.proc.returncode
@@ -375,6 +417,7 @@ def run_fleet(
         "timed_out": timed_out,
         "responses_per_worker": [s.get("response_received_count", 0) for s in worker_stats],
         "finish_reasons": [s.get("finish_reason") for s in worker_stats],
+        "timeline": timeline,
     }
     if system == "banker":
         for key in ("handover_waits", "idle_waits", "popped", "partitions_moved", "fenced",
@@ -409,6 +452,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7, help="farm layout seed")
     parser.add_argument("--workers", type=int, default=None, help="fleet size (>= 2)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per configuration")
+    parser.add_argument("--hosts", type=int, default=None, help="farm hosts")
+    parser.add_argument("--pages", type=int, default=None, help="farm content pages")
+    parser.add_argument("--latency-ms", type=float, default=None, help="farm latency")
+    parser.add_argument("--zipf", type=float, default=None, help="host size skew")
     parser.add_argument("--heartbeat", type=float, default=0.5,
                         help="Scrapy engine heartbeat in s (5 = stock Scrapy)")  # fmt: skip
     parser.add_argument("--reactor", default="epoll",
@@ -447,9 +494,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload = replace(workload, workers=args.workers)
     if args.repeats is not None:
         workload = replace(workload, repeats=max(1, args.repeats))
+    for arg, field_name in (("hosts", "hosts"), ("pages", "total_pages"),
+                            ("latency_ms", "latency_ms"), ("zipf", "zipf_s")):  # fmt: skip
+        if getattr(args, arg) is not None:
+            workload = replace(workload, **{field_name: getattr(args, arg)})
     banker_extra = _banker_extra(args.banker_set)
     reactor = REACTORS.get(args.reactor, args.reactor)
-    opts = Options(args.heartbeat, reactor, workload.timeout_s, banker_extra)
+    opts = Options(
+        args.heartbeat, reactor, workload.timeout_s, workload.max_idle_s,
+        workload.banker_idle_s, banker_extra,
+    )  # fmt: skip
     # The workers import FleetTuning from this module.
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(

@@ -184,3 +184,34 @@ def test_scheduler_ops_rejects_a_scheduler_that_loses_requests(
     assert ops.measure("scrapy_pq", urls, keys, 60.0).dequeued == 200
     with pytest.raises(SystemExit, match="lossy: dequeued"):
         ops.measure("lossy", urls, keys, 60.0)
+
+
+@pytest.mark.slow
+def test_distributed_tiny_fleet_crawls_everything_politely() -> None:
+    result = _run("distributed.py", "--tiny", timeout=180)
+    n = result["workers"]
+    assert n == 2
+    for key in (
+        f"pages_per_s_scrapy_redis_{n}w",
+        f"pages_per_s_banker_{n}w",
+        "pages_per_s_scrapy_redis_1w",
+        "pages_per_s_banker_1w",
+        f"speedup_banker_{n}w_vs_1w",
+        f"speedup_banker_vs_scrapy_redis_{n}w",
+    ):
+        assert _positive(result[key]), (key, result[key])
+    for key in (
+        "max_concurrent_per_host_banker",
+        "max_concurrent_per_host_scrapy_redis",
+        "lost_scrapy_redis",
+        "duplicates_scrapy_redis",
+    ):
+        assert isinstance(result[key], int) and result[key] >= 0, (key, result[key])
+    assert result["per_host_limit"] == 2
+    assert result["lost"] == 0
+    assert result["duplicates"] == 0
+    # One owner per host's partition: the limit holds fleet-wide.
+    assert 1 <= result["max_concurrent_per_host_banker"] <= result["per_host_limit"]
+    for name, run in result["runs"].items():
+        assert run["exit_codes"] == [0] * run["workers"], name
+        assert run["pages"] >= run["expected"] > 0, name

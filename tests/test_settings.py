@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scrapy_banker.settings import DEFAULTS, load_config
+from scrapy_banker.settings import DEFAULTS, load_config, load_redis_config
 
 
 def test_defaults_load() -> None:
@@ -137,3 +137,32 @@ def test_every_setting_is_documented_with_its_default() -> None:
     for name in DEFAULTS:
         section = doc.split(f".. setting:: {name}\n", 1)[1].split(".. setting::", 1)[0]
         assert "Default:" in section, f"{name} has no documented default"
+
+
+def test_redis_settings_defaults_and_interpolation() -> None:
+    cfg = load_redis_config({"CONCURRENT_REQUESTS": 8}, "shop")
+    assert cfg.prefix == "banker:shop"
+    assert cfg.partitions == 1024
+    assert cfg.buffer == 16  # 2 x CONCURRENT_REQUESTS
+    assert cfg.node_id is None
+    assert load_redis_config({"BANKER_REDIS_BUFFER": 5}).buffer == 5
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("BANKER_REDIS_PREFIX", "a{b}", "braces are reserved"),
+        ("BANKER_REDIS_PREFIX", "%(other)s", "only %(spider)s"),
+        ("BANKER_REDIS_PARTITIONS", 0, "integer >= 1"),
+        ("BANKER_REDIS_NODE_ID", "a@b", "without '@'"),
+        ("BANKER_REDIS_HEARTBEAT", 40.0, "at most half of BANKER_REDIS_LEASE_TTL"),
+        ("BANKER_REDIS_LEASE_TTL", -1, "expected a number > 0"),
+        ("BANKER_REDIS_CLUSTER", "maybe", "BANKER_REDIS_CLUSTER"),
+        ("BANKER_REDIS_IDLE_BEFORE_CLOSE", -0.5, "expected a number >= 0"),
+        ("BANKER_REDIS_BUFFER", 0, "integer >= 1"),
+    ],
+)
+def test_bad_redis_settings_name_the_setting(name: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        load_redis_config({name: value}, "shop")
+    assert name in str(info.value)

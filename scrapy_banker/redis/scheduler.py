@@ -114,6 +114,7 @@ class BankerRedisScheduler(BankerScheduler):
         self._ticker: Any = None
         self._ticks = 0
         self._was_idle = False
+        self._seen_work = False
         self._concurrent = max(1, crawler.settings.getint("CONCURRENT_REQUESTS"))
 
     @classmethod
@@ -203,6 +204,10 @@ class BankerRedisScheduler(BankerScheduler):
         since = worker.drained_since
         if since is None:
             return True  # other workers still have work, which may reach our partitions
+        if not self._seen_work:
+            # The crawl has been empty since this worker started: nothing to
+            # wait for (a RedisSpider reads its start URLs when idle).
+            return False
         return self.clock() - since < self.rconfig.idle_before_close
 
     def __len__(self) -> int:
@@ -228,6 +233,7 @@ class BankerRedisScheduler(BankerScheduler):
                                priority=request.priority, now=now)  # fmt: skip
             self._count("enqueued", topic, now)
             return True
+        self._seen_work = True
         partition = key_hash % self.rconfig.partitions
         fingerprint = self._fingerprinter.fingerprint(request).hex()
         self.worker.enqueue(
@@ -282,6 +288,7 @@ class BankerRedisScheduler(BankerScheduler):
         if not inbound:
             return
         now = self.clock()
+        self._seen_work = True
         while inbound:
             leased = inbound.popleft()
             try:

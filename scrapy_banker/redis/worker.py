@@ -114,6 +114,7 @@ class FrontierWorker:
         self._counters: dict[str, int] = {}
         self._cursor = 0
         self._nonempty: set[int] = set()
+        self._next_full_scan = 0.0
         self._idle_sleep = 0.0
         self._error_sleep = 0.0
         self._next_beat = 0.0
@@ -308,6 +309,9 @@ class FrontierWorker:
                 batch = enqueues[sent : sent + self.enqueue_batch]
                 results = self.frontier.enqueue_many(batch)
                 sent += len(batch)
+                for item, result in zip(batch, results, strict=True):
+                    if result is not None and item[0] in self.owned:
+                        self._nonempty.add(item[0])
                 added = sum(r is not None for r in results)
                 self._count("banker/redis/enqueued", added)
                 self._count("banker/redis/duplicates", len(results) - added)
@@ -354,14 +358,21 @@ class FrontierWorker:
 
     def _pop(self) -> int:
         owned = self.owned
-        # Partitions that had work last time first, then the rest in a
-        # rotating order so every owned partition is looked at regularly.
-        order = [p for p in owned if p in self._nonempty]
-        rest = sorted(p for p in owned if p not in self._nonempty)
-        if rest:
-            start = self._cursor % len(rest)
-            order += rest[start:] + rest[:start]
-            self._cursor += 64
+        now = self.clock()
+        if self._nonempty & owned.keys() and now < self._next_full_scan:
+            # Only partitions known to have work: with M >> nodes most owned
+            # partitions are empty, and scanning them all each round costs CPU.
+            order = [p for p in owned if p in self._nonempty]
+        else:
+            # Every owned partition, those with work first, the rest in a
+            # rotating order: work another node queued there is found too.
+            self._next_full_scan = now + 0.25
+            order = [p for p in owned if p in self._nonempty]
+            rest = sorted(p for p in owned if p not in self._nonempty)
+            if rest:
+                start = self._cursor % len(rest)
+                order += rest[start:] + rest[:start]
+                self._cursor += 64
         got = 0
         for i in range(0, len(order), 128):
             chunk = {p: owned[p] for p in order[i : i + 128]}

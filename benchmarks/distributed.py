@@ -51,12 +51,9 @@ Fairness
 
     With Scrapy 2.19 ``Spider.start()`` no longer calls scrapy-redis's
     ``start_requests()``: a RedisSpider reads its start URLs only when its
-    spider goes idle.  A scrapy-redis worker is idle at once; a banker worker
-    only once the whole (still empty) crawl has been empty for
-    ``BANKER_REDIS_IDLE_BEFORE_CLOSE``, so the banker runs start about that
-    long later (``first_response_s`` in ``runs``).  That is what a user of
-    this combination gets, so the wall-clock figures keep it; the ``*_busy``
-    figures do not see it.
+    spider goes idle.  A banker worker that has never seen any work reports
+    idle at once, so both systems start crawling about as early
+    (``first_response_s`` in ``runs``).
 
     The workers run Twisted's epoll reactor (``--reactor``), not Scrapy's
     default asyncio one: with the asyncio reactor Scrapy 2.19's downloader

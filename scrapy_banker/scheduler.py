@@ -175,22 +175,20 @@ class BankerScheduler(BaseScheduler):
             if not request.dont_filter and self.df.request_seen(request):
                 self.df.log(request, self.spider)  # type: ignore[arg-type]
                 return False
-            topic, slot, key, key_hash = self._classify(request)
+            classified = self._classify(request)
         except ValueError as exc:
             self._malformed_url(request, exc)
             return False
         now = self.clock()
-        self.frontier.push(
-            request,
-            topic=topic,
-            slot=slot,
-            key=key,
-            key_hash=key_hash,
-            priority=request.priority,
-            now=now,
-        )
-        self._count("enqueued", topic, now)
+        self._push(request, classified, now)
+        self._count("enqueued", classified[0], now)
         return True
+
+    def _push(self, request: Request, classified: tuple[str, str, str, int], now: float) -> None:
+        """Queue a request locally with what :meth:`_classify` found."""
+        topic, slot, key, key_hash = classified
+        self.frontier.push(request, topic=topic, slot=slot, key=key, key_hash=key_hash,
+                           priority=request.priority, now=now)  # fmt: skip
 
     def _classify(self, request: Request) -> tuple[str, str, str, int]:
         """Topic, download slot, queue key and its hash; ValueError for a broken URL."""

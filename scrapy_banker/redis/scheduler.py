@@ -217,10 +217,11 @@ class BankerRedisScheduler(BankerScheduler):
         for key in _TRANSIENT_META:
             request.meta.pop(key, None)
         try:
-            topic, slot, key, key_hash = self._classify(request)
+            classified = self._classify(request)
         except ValueError as exc:
             self._malformed_url(request, exc)
             return False
+        topic, _, _, key_hash = classified
         now = self.clock()
         try:
             payload = self.codec.encode(request, self.spider)
@@ -229,8 +230,7 @@ class BankerRedisScheduler(BankerScheduler):
             # survive a crash of this worker.
             logger.error("Cannot queue %s in Redis, keeping it in memory: %s", request, exc)
             self.stats.inc_value("banker/redis/unserializable")
-            self.frontier.push(request, topic=topic, slot=slot, key=key, key_hash=key_hash,
-                               priority=request.priority, now=now)  # fmt: skip
+            self._push(request, classified, now)
             self._count("enqueued", topic, now)
             return True
         self._seen_work = True
@@ -293,7 +293,7 @@ class BankerRedisScheduler(BankerScheduler):
             leased = inbound.popleft()
             try:
                 request = self.codec.decode(leased.payload, self.spider)
-                topic, slot, key, key_hash = self._classify(request)
+                classified = self._classify(request)
             except (MalformedPayload, ValueError) as exc:
                 # Garbage, a planted pickle, a request class not allowed, a
                 # callback that is not a public spider method: never run,
@@ -308,15 +308,7 @@ class BankerRedisScheduler(BankerScheduler):
             if leased.deliveries > 1:
                 self.stats.inc_value("banker/redis/redelivered")
             request.meta[META_LEASE] = f"{leased.partition}|{leased.id}#{leased.deliveries}"
-            self.frontier.push(
-                request,
-                topic=topic,
-                slot=slot,
-                key=key,
-                key_hash=key_hash,
-                priority=request.priority,
-                now=now,
-            )
+            self._push(request, classified, now)
 
     def _ack_finished(self, everything: bool = False) -> None:
         """Acknowledge dispatched requests the engine is completely done with."""

@@ -99,7 +99,6 @@ class FrontierWorker:
         self.drained_since: float | None = None
         #: False from the first failed Redis call until one succeeds again.
         self.connected = True
-        self.fatal: BaseException | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
@@ -215,10 +214,9 @@ class FrontierWorker:
             except REDIS_ERRORS as exc:
                 self._failed(exc)
                 continue
-            except Exception as exc:  # a bug: say it loudly, keep the node alive
+            except Exception:  # a bug: say it loudly, keep the node alive
                 logger.exception("Unexpected error in the Redis worker thread")
                 self._count("banker/redis/worker_errors")
-                self.fatal = exc
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue

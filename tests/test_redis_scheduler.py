@@ -333,3 +333,18 @@ def test_two_workers_on_a_real_redis_cluster(farm: WebFarm, tmp_path: Path) -> N
         stats = [w.stats() for w in workers]
         assert all(s.get("banker/redis/errors", 0) == 0 for s in stats)
         assert sum(s["banker/redis/acked"] for s in stats) == len(expected)
+
+
+@pytest.mark.parametrize("value", ["x|id#1", "99999|id#1", "3|", "no-bar", 42, None])
+def test_a_hand_written_lease_meta_is_ignored(value: object) -> None:
+    from scrapy import Request
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_banker.redis.scheduler import META_LEASE, BankerRedisScheduler
+
+    crawler = get_crawler(settings_dict={"BANKER_REDIS_PARTITIONS": PARTITIONS})
+    scheduler = BankerRedisScheduler.from_crawler(crawler)
+    assert isinstance(scheduler, BankerRedisScheduler)
+    assert scheduler._lease_of(Request("http://a.test/", meta={META_LEASE: value})) is None
+    good = Request("http://a.test/", meta={META_LEASE: "3|fp:1#2"})
+    assert scheduler._lease_of(good) == (3, "fp:1#2")

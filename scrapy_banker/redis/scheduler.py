@@ -275,12 +275,18 @@ class BankerRedisScheduler(BankerScheduler):
             self.worker.nack(*lease)
             self.stats.inc_value("banker/redis/handed_back")
 
-    @staticmethod
-    def _lease_of(request: Request) -> tuple[int, str] | None:
+    def _lease_of(self, request: Request) -> tuple[int, str] | None:
+        """The lease a request came with; None for anything this scheduler did not write.
+
+        ``meta`` is the spider's too: a value set by hand must neither crash
+        the crawl nor reach Redis as an op that can never succeed.
+        """
         raw = request.meta.get(META_LEASE)
         if not isinstance(raw, str) or "|" not in raw:
             return None
         partition, lease_id = raw.split("|", 1)
+        if not partition.isdigit() or int(partition) >= self.rconfig.partitions or not lease_id:
+            return None
         return int(partition), lease_id
 
     def _drain_inbound(self) -> None:

@@ -570,9 +570,9 @@ def reassign(
     if candidates.size:
         best = cost[candidates].min(axis=1)
         mine = cost[candidates, now[candidates]]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(best > 0, mine / np.where(best > 0, best, 1.0), 1.0)
-        ratio = np.where((best == 0) & (mine > 0), np.inf, ratio)
+        # mine / best, where a free best node makes any positive cost infinitely worse.
+        ratio = np.divide(mine, best, out=np.full_like(mine, np.inf), where=best > 0)
+        ratio[(best == 0) & (mine == 0)] = 1.0
         ranked = candidates[np.lexsort((candidates, ratio, now[candidates]))]
         nodes = now[ranked]
         # Position of each candidate within its node's group (groups are contiguous).

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import gzip
 import http.client
 import json
 import logging
@@ -54,6 +53,8 @@ import numpy as np
 import numpy.typing as npt
 from twisted.internet import protocol
 from twisted.python.failure import Failure
+
+from scrapy_banker.gnp import read_rtt_matrix
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +95,6 @@ _WORDS: Final = (
     b"in reprehenderit voluptate velit esse cillum fugiat nulla pariatur excepteur sint "
     b"occaecat cupidatat non proident sunt culpa qui officia deserunt mollit anim id est"
 ).split()
-#: Tokens that mean "no measurement" in RTT matrices found in the wild.
-_MISSING_TOKENS: Final = frozenset(
-    {"", "-", "--", "?", "x", "*", "na", "n/a", "nan", "none", "null", "inf", "-inf"}
-)
-
-
 def _int_keys(raw: Mapping[Any, Any], what: str) -> dict[int, float]:
     """Normalise a host-index mapping; JSON turns int keys into strings."""
     out: dict[int, float] = {}
@@ -218,36 +213,9 @@ def load_rtt_matrix(path: str | os.PathLike[str]) -> npt.NDArray[np.float64]:
     from the symmetric entry, then with the median of the row's valid
     off-diagonal values, and finally with the global median.
     """
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    rows: list[list[float]] = []
-    for lineno, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        values: list[float] = []
-        for token in stripped.split():
-            if token.lower() in _MISSING_TOKENS:
-                values.append(math.nan)
-                continue
-            try:
-                value = float(token)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{lineno}: not a number: {token!r}") from exc
-            values.append(value if math.isfinite(value) and value >= 0 else math.nan)
-        rows.append(values)
-    n = len(rows)
-    if n == 0:
-        raise ValueError(f"{path}: empty RTT matrix")
-    bad = [i for i, r in enumerate(rows) if len(r) != n]
-    if bad:
-        raise ValueError(
-            f"{path}: RTT matrix is not square: {n} rows, row {bad[0]} has {len(rows[bad[0]])}"
-        )
-    m = np.array(rows, dtype=np.float64)
+    m = read_rtt_matrix(path)
+    n = m.shape[0]
     off_diag = ~np.eye(n, dtype=bool)
-    m[(m == 0) & off_diag] = math.nan
     np.fill_diagonal(m, np.where(np.isnan(np.diag(m)), 0.0, np.diag(m)))
     missing = np.isnan(m)
     if missing.any():

@@ -116,6 +116,25 @@ class PartitionTable:
                 self.epochs[p] += 1
         return moves
 
+    def assign(self, changes: Mapping[int, str]) -> list[Move]:
+        """Give each partition in ``changes`` to its new node (a placement decision).
+
+        Each change bumps the partition's epoch, which fences the old owner
+        exactly as a rebalance does.  Assigning a partition to its current
+        owner is a no-op.
+        """
+        moves: list[Move] = []
+        for p in sorted(changes):
+            node = changes[p]
+            if not 0 <= p < self.size:
+                raise ValueError(f"partition {p} outside 0..{self.size - 1}")
+            if self.owners[p] == node:
+                continue
+            moves.append(Move(p, self.owners[p], node))
+            self.owners[p] = node
+            self.epochs[p] += 1
+        return moves
+
     # -- persistence (the table is stored in Redis as JSON) -------------------------
 
     def to_state(self) -> dict[str, Any]:

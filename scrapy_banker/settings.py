@@ -108,6 +108,21 @@ DEFAULTS: dict[str, Any] = {
     "BANKER_REDIS_IDLE_BEFORE_CLOSE": 5.0,
     # Delete this crawl's keys (queues, seen sets, table) when the spider opens.
     "BANKER_REDIS_FLUSH_ON_START": False,
+    # Network-aware placement (GNP coordinates, httpping, Hungarian assignment).
+    "BANKER_PLACEMENT": "hash",
+    "BANKER_PLACEMENT_TOPK": 3,
+    "BANKER_PLACEMENT_COST": "latency",
+    "BANKER_PLACEMENT_INTERVAL": 10.0,
+    "BANKER_PLACEMENT_TOLERANCE": 0.1,
+    "BANKER_GNP_DIMS": 3,
+    "BANKER_GNP_LANDMARK": False,
+    "BANKER_GNP_REFERENCE_SITES": 8,
+    "BANKER_NET_MEASURE": True,
+    "BANKER_NET_WINDOW": 64,
+    "BANKER_PROBE_RATE": 5.0,
+    "BANKER_PROBE_SAMPLES": 3,
+    "BANKER_PROBE_PATH": "/robots.txt",
+    "BANKER_STORAGE_PROBE_BYTES": 100_000,
     # Request classes (import paths) allowed back from JOBDIR besides Scrapy's own.
     "BANKER_SERIALIZE_ALLOWED_CLASSES": [],
     # Path of a JSON file the stats exporter writes when the spider closes.
@@ -522,5 +537,69 @@ def load_redis_config(settings: SettingsLike, spider_name: str = "spider") -> Re
         ),
         flush_on_start=_as_bool(
             "BANKER_REDIS_FLUSH_ON_START", _get(settings, "BANKER_REDIS_FLUSH_ON_START")
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Validated view of the network-aware placement settings."""
+
+    mode: str
+    topk: int
+    cost: str
+    interval: float
+    tolerance: float
+    dims: int
+    landmark: bool
+    reference_sites: int
+    window: int
+    probe_rate: float
+    probe_samples: int
+    probe_path: str
+    storage_probe_bytes: int
+
+
+def load_placement_config(settings: SettingsLike) -> PlacementConfig:
+    """Validate ``BANKER_PLACEMENT*``, ``BANKER_GNP_*`` and ``BANKER_PROBE_*``."""
+    from scrapy_banker.placement import COSTS, MODES
+
+    mode = _get(settings, "BANKER_PLACEMENT")
+    if mode not in MODES:
+        raise _bad("BANKER_PLACEMENT", mode, f"expected one of {', '.join(MODES)}")
+    cost = _get(settings, "BANKER_PLACEMENT_COST")
+    if cost not in COSTS:
+        raise _bad("BANKER_PLACEMENT_COST", cost, f"expected one of {', '.join(COSTS)}")
+    path = _get(settings, "BANKER_PROBE_PATH")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise _bad("BANKER_PROBE_PATH", path, "expected a path starting with '/'")
+    return PlacementConfig(
+        mode=mode,
+        topk=_as_positive_int("BANKER_PLACEMENT_TOPK", _get(settings, "BANKER_PLACEMENT_TOPK")),
+        cost=cost,
+        interval=_as_float(
+            "BANKER_PLACEMENT_INTERVAL", _get(settings, "BANKER_PLACEMENT_INTERVAL"), 0.0
+        ),
+        tolerance=_as_float(
+            "BANKER_PLACEMENT_TOLERANCE",
+            _get(settings, "BANKER_PLACEMENT_TOLERANCE"),
+            0.0,
+            strict=False,
+        ),
+        dims=_as_positive_int("BANKER_GNP_DIMS", _get(settings, "BANKER_GNP_DIMS")),
+        landmark=_as_bool("BANKER_GNP_LANDMARK", _get(settings, "BANKER_GNP_LANDMARK")),
+        reference_sites=_as_positive_int(
+            "BANKER_GNP_REFERENCE_SITES", _get(settings, "BANKER_GNP_REFERENCE_SITES")
+        ),
+        window=_as_positive_int("BANKER_NET_WINDOW", _get(settings, "BANKER_NET_WINDOW"), 3),
+        probe_rate=_as_float(
+            "BANKER_PROBE_RATE", _get(settings, "BANKER_PROBE_RATE"), 0.0, strict=False
+        ),
+        probe_samples=_as_positive_int(
+            "BANKER_PROBE_SAMPLES", _get(settings, "BANKER_PROBE_SAMPLES")
+        ),
+        probe_path=path,
+        storage_probe_bytes=_as_positive_int(
+            "BANKER_STORAGE_PROBE_BYTES", _get(settings, "BANKER_STORAGE_PROBE_BYTES")
         ),
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scrapy_banker.partitions import Move, PartitionTable
@@ -96,11 +97,30 @@ class NodeRegistry:
 
     def rebalance(self, node: str, lock_ttl_ms: int = 10_000) -> list[Move] | None:
         """Recompute ownership for the live nodes; None if another node is doing it."""
+        moves = self.update(node, lambda table, live: table.rebalance(live), lock_ttl_ms)
+        if moves:
+            logger.info("Rebalanced: %d partitions moved", len(moves))
+        return moves
+
+    def update(
+        self,
+        node: str,
+        change: Callable[[PartitionTable, dict[str, float]], list[Move]],
+        lock_ttl_ms: int = 10_000,
+    ) -> list[Move] | None:
+        """Apply ``change`` to the table under the single-flight lock; None if busy.
+
+        Rebalancing and network-aware placement both go through here, so two
+        nodes never write the table at once and every move gets its fencing
+        owner key.
+        """
         if not self.client.set(self.lock_key, node, nx=True, px=lock_ttl_ms):
             return None
         try:
             table = self.load_table()
-            moves = table.rebalance(self.live_nodes())
+            moves = change(table, self.live_nodes())
+            if not moves and not any(o is None for o in table.owners):
+                return moves
             pipe = self.client.pipeline(transaction=False)
             pipe.set(self.table_key, json.dumps(table.to_state()))
             for move in moves:
@@ -115,8 +135,6 @@ class NodeRegistry:
         finally:
             if _text(self.client.get(self.lock_key) or b"") == node:
                 self.client.delete(self.lock_key)
-        if moves:
-            logger.info("Rebalanced: %d partitions moved", len(moves))
         return moves
 
     def owned(self, node: str) -> dict[int, int]:

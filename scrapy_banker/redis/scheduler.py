@@ -29,17 +29,27 @@ from typing import TYPE_CHECKING, Any
 from scrapy.core.scheduler import Scheduler
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.asyncio import create_looping_call
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from scrapy_banker._engine import requests_in_progress, wake_engine
+from scrapy_banker.netaware import Prober, link_stats, site_of
 from scrapy_banker.redis.connection import redis_cluster_from_settings, redis_from_settings
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.placement import PlacementAgent
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
 from scrapy_banker.scheduler import META_SLOT, BankerScheduler
 from scrapy_banker.serialize import MalformedPayload, UnserializableRequest
-from scrapy_banker.settings import BankerConfig, RedisConfig, load_config, load_redis_config
+from scrapy_banker.settings import (
+    BankerConfig,
+    RedisConfig,
+    load_config,
+    load_placement_config,
+    load_redis_config,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -92,6 +102,15 @@ class BankerRedisScheduler(BankerScheduler):
         self.registry = NodeRegistry(
             client, self.redis_frontier, node_timeout_ms=max(1, int(rconfig.node_timeout * 1000))
         )
+        self.pconfig = load_placement_config(crawler.settings)
+        self.placement: PlacementAgent | None = None
+        self.prober: Prober | None = None
+        if self.pconfig.mode != "hash":
+            self.placement = PlacementAgent(
+                client, rconfig.prefix, self.node, self.pconfig, link_stats(crawler)
+            )
+            assert crawler.stats is not None
+            self.prober = Prober(self.pconfig, self._send_probe, crawler.stats)
         self.worker = FrontierWorker(
             self.redis_frontier,
             self.registry,
@@ -102,6 +121,7 @@ class BankerRedisScheduler(BankerScheduler):
             pop_per_partition=rconfig.pop_per_partition,
             idle_backoff_max_s=rconfig.idle_backoff_max,
             on_ready=self._on_ready,
+            placement=self.placement,
         )
         fingerprinter = getattr(crawler, "request_fingerprinter", None)
         if fingerprinter is None:  # pragma: no cover - Scrapy < 2.7
@@ -239,6 +259,8 @@ class BankerRedisScheduler(BankerScheduler):
         self.worker.enqueue(
             (partition, fingerprint, payload, int(request.priority), bool(request.dont_filter))
         )
+        if self.placement is not None:
+            self.placement.note_site(partition, site_of(request), urlparse_cached(request).scheme)
         self._count("enqueued", topic, now)
         return True
 
@@ -357,8 +379,20 @@ class BankerRedisScheduler(BankerScheduler):
             wake_engine(self.crawler)
         self._was_idle = idle
         self._ticks += 1
+        if self.prober is not None and self.placement is not None:
+            if len(self.prober.known) != len(self.placement.known):
+                self.prober.update(self.placement.known.items())
+            self.prober.tick()
         if self._ticks % 10 == 0:  # a stats collector may itself be in Redis
             self._publish_counters()
+
+    def _send_probe(self, request: Request) -> Deferred[Any]:
+        """Straight to the downloader: a probe is not crawl work and must not be queued."""
+        engine = self.crawler.engine
+        assert engine is not None
+        if hasattr(engine, "download_async"):
+            return deferred_from_coro(engine.download_async(request))
+        return engine.download(request)  # pragma: no cover - Scrapy < 2.14
 
     def _publish_counters(self) -> None:
         for name, n in self.worker.take_counters().items():

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy_banker.redis.frontier import Leased, RedisFrontier
+    from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.redis.registry import NodeRegistry
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,10 @@ class FrontierWorker:
         enqueue_batch: int = 500,
         on_ready: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        placement: PlacementAgent | None = None,
     ) -> None:
         self.frontier = frontier
+        self.placement = placement
         self.registry = registry
         self.node = node
         self.capacity = capacity
@@ -292,6 +295,23 @@ class FrontierWorker:
         held = {p: sorted(ids) for p, ids in self._held.items() if ids}
         if held:
             self.frontier.renew_many(held)
+        if self.placement is not None:
+            self._place()
+
+    def _place(self) -> None:
+        assert self.placement is not None
+        try:
+            moves = self.placement.beat(self.registry)
+        except REDIS_ERRORS:
+            raise
+        except Exception:  # a planning bug must not stop heartbeats and lease renewals
+            logger.exception("Network-aware placement failed; keeping the current table")
+            self._count("banker/placement/errors")
+            return
+        if moves:
+            self._count("banker/placement/moves", len(moves))
+            table = self.registry.load_table()
+            self.owned = {p: table.epochs[p] for p in table.owned_by(self.node)}
 
     def _flush(self) -> int:
         with self._lock:

@@ -1,0 +1,176 @@
+"""Scrapy side of network-aware placement: measure links, probe sites.
+
+* :class:`NetworkMeasureMiddleware` (downloader middleware) records, for
+  every response, the application-level latency -- Scrapy's
+  ``download_latency``, the time to the response headers, i.e. the GNP
+  paper's "httpping" -- and the crawl bandwidth (body bytes / time from
+  request to response) per site in a :class:`~scrapy_banker.netstats.LinkStats`
+  shared with the distributed scheduler, which publishes denoised figures
+  to Redis for the planner.
+* :class:`Prober` sends the few, rate-limited probe requests that GNP
+  needs: a landmark node probes every known site, any other node a handful
+  of reference sites.  Probes go straight to the downloader
+  (``engine.download``), so they never enter the frontier, are never
+  deduplicated against crawl URLs and never reach the spider.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_banker.netstats import LinkStats, RateLimiter
+from scrapy_banker.settings import PlacementConfig, load_placement_config
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from scrapy.spiders import Spider
+    from scrapy.statscollectors import StatsCollector
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NetworkMeasureMiddleware", "Prober", "link_stats", "site_of"]
+
+#: Meta key of a probe request; the value is the probed site.
+PROBE_META = "banker_probe"
+_T0_META = "banker_net_t0"
+
+_LINKS: weakref.WeakKeyDictionary[Crawler, LinkStats] = weakref.WeakKeyDictionary()
+
+
+def link_stats(crawler: Crawler) -> LinkStats:
+    """The crawler's one LinkStats, shared by the middleware and the scheduler."""
+    links = _LINKS.get(crawler)
+    if links is None:
+        config = load_placement_config(crawler.settings)
+        links = _LINKS[crawler] = LinkStats(window=config.window, max_sites=50_000)
+    return links
+
+
+def site_of(request: Request) -> str:
+    """A site is a netloc (``host[:port]``): what one crawler connects to."""
+    return urlparse_cached(request).netloc.lower()
+
+
+class NetworkMeasureMiddleware:
+    """Record httpping latency and crawl bandwidth per site for this node."""
+
+    def __init__(self, links: LinkStats, stats: StatsCollector) -> None:
+        self.links = links
+        self.stats = stats
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> NetworkMeasureMiddleware:
+        config = load_placement_config(crawler.settings)
+        if not crawler.settings.getbool("BANKER_NET_MEASURE"):
+            raise NotConfigured("BANKER_NET_MEASURE is False")
+        del config  # validated here so a typo fails at start-up
+        assert crawler.stats is not None
+        return cls(link_stats(crawler), crawler.stats)
+
+    def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        request.meta[_T0_META] = time.monotonic()
+
+    def process_response(
+        self, request: Request, response: Response, spider: Spider | None = None
+    ) -> Response:
+        latency = request.meta.get("download_latency")
+        t0 = request.meta.get(_T0_META)
+        if not isinstance(latency, (int, float)) or not isinstance(t0, float):
+            return response  # cached or synthesised response: nothing was measured
+        elapsed = max(time.monotonic() - t0, float(latency))
+        try:
+            self.links.record(site_of(request), float(latency), len(response.body), elapsed)
+        except ValueError as exc:
+            logger.debug("Not recording a measurement for %s: %s", request, exc)
+            self.stats.inc_value("banker/net/rejected_samples")
+            return response
+        self.stats.inc_value("banker/net/samples")
+        if request.meta.get(PROBE_META):
+            self.stats.inc_value("banker/net/probe_responses")
+        return response
+
+
+class Prober:
+    """Decide which sites this node still has to probe, and send the probes.
+
+    ``tick`` is called often (from a ``LoopingCall``); it sends at most what
+    the token bucket allows, so a landmark node never floods a site or the
+    fleet's own downloader: ``BANKER_PROBE_RATE`` probes/s per node, each
+    site ``BANKER_PROBE_SAMPLES`` times, enough for the denoised mean.
+    """
+
+    def __init__(
+        self,
+        config: PlacementConfig,
+        send: Callable[[Request], Any],
+        stats: StatsCollector,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.send = send
+        self.stats = stats
+        self.limiter = (
+            RateLimiter(config.probe_rate, burst=max(1, int(config.probe_rate)), clock=clock)
+            if config.probe_rate > 0
+            else None
+        )
+        #: site -> scheme, as published by the fleet (set by the scheduler).
+        self.known: dict[str, str] = {}
+        self.sent: dict[str, int] = {}
+
+    def targets(self) -> list[str]:
+        """Sites still short of probes: all for a landmark, else the reference sites."""
+        sites = sorted(self.known)
+        if not self.config.landmark:
+            sites = sites[: self.config.reference_sites]
+        want = self.config.probe_samples
+        return [s for s in sites if self.sent.get(s, 0) < want]
+
+    def tick(self) -> int:
+        if self.limiter is None or self.config.mode == "hash":
+            return 0
+        sent = 0
+        for site in self.targets():
+            while self.sent.get(site, 0) < self.config.probe_samples:
+                if not self.limiter.try_acquire():
+                    return sent
+                self._probe(site)
+                sent += 1
+        return sent
+
+    def _probe(self, site: str) -> None:
+        self.sent[site] = self.sent.get(site, 0) + 1
+        url = f"{self.known.get(site, 'http')}://{site}{self.config.probe_path}"
+        request = Request(
+            url,
+            dont_filter=True,
+            meta={
+                PROBE_META: site,
+                "dont_retry": True,
+                "dont_redirect": True,
+                "handle_httpstatus_all": True,
+                "download_timeout": 15,
+            },
+        )
+        self.stats.inc_value("banker/net/probes")
+        result = self.send(request)
+        if hasattr(result, "addErrback"):
+            result.addErrback(self._failed, site)
+
+    def _failed(self, failure: Any, site: str) -> None:
+        self.stats.inc_value("banker/net/probe_errors")
+        logger.debug("Probe of %s failed: %s", site, failure.getErrorMessage())
+
+    def update(self, sites: Iterable[tuple[str, str]]) -> None:
+        for site, scheme in sites:
+            self.known.setdefault(site, scheme)

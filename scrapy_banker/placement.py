@@ -1,0 +1,190 @@
+"""Network-aware placement of site partitions onto crawler nodes.
+
+The distributed frontier hashes URLs into logical partitions and gives each
+live node a share of them (:mod:`scrapy_banker.partitions`).  Hashing is
+network-blind: a site in Singapore is as likely to go to the node in Paris
+as to the one in Tokyo.  This module turns what the fleet measured into an
+owner for every partition whose site is known:
+
+* :func:`estimate_rtt` -- node x site RTTs: measured where a node has
+  fetched or probed the site (denoised), GNP-predicted elsewhere.  Nodes
+  cannot measure each other at the application level, so the coordinates
+  come from the one-way node x site matrix (:func:`scrapy_banker.gnp.fit_bipartite`):
+  landmark nodes probe every site, the others a few reference sites.
+* :func:`plan` -- ``top1`` (the nearest node), ``topk`` (uniform among the
+  k nearest, the GNP paper's Top3, for load balance), or ``hungarian``
+  (batched Hungarian with hard per-node targets on a latency cost or on
+  the patent's ``(tasks + 1) / (BC + BS)`` bandwidth cost).
+
+Pure: numpy/scipy only; the Redis adapter is :mod:`scrapy_banker.redis.placement`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from scrapy_banker import assignment, gnp
+
+FloatArray = npt.NDArray[np.float64]
+
+__all__ = ["COSTS", "MODES", "Estimate", "Observations", "estimate_rtt", "moved", "plan"]
+
+MODES = ("hash", "top1", "topk", "hungarian")
+COSTS = ("latency", "bandwidth")
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What the fleet knows, as read from Redis (all plain mappings)."""
+
+    #: Live nodes and their capacities (relative shares).
+    capacities: Mapping[str, float]
+    #: Partition -> the site (netloc) whose requests it holds.
+    sites: Mapping[int, str]
+    #: node -> site -> denoised RTT in ms (httpping / download latency).
+    rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: node -> site -> crawl bandwidth BC in bytes/s.
+    bw_Bps: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: node -> storage bandwidth BS in bytes/s.
+    storage_Bps: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    nodes: list[str]
+    sites: list[str]
+    #: (nodes, sites) RTT in ms; NaN where neither measured nor predictable.
+    rtt_ms: FloatArray
+    measured: npt.NDArray[np.bool_]
+
+
+def estimate_rtt(obs: Observations, *, dims: int = 3, seed: int = 0) -> Estimate:
+    """Measured RTT where there is one, GNP prediction elsewhere, NaN if unknown.
+
+    A node needs ``dims + 1`` measured sites and a site ``dims`` measuring
+    nodes before the embedding places it (a site is usually measured by the
+    landmarks plus the node crawling it); with fewer, its missing pairs
+    stay NaN and the planner leaves such partitions where they are.
+    """
+    nodes = sorted(obs.capacities)
+    sites = sorted(set(obs.sites.values()))
+    m = np.full((len(nodes), len(sites)), np.nan)
+    col = {s: j for j, s in enumerate(sites)}
+    for i, node in enumerate(nodes):
+        for site, ms in obs.rtt_ms.get(node, {}).items():
+            j = col.get(site)
+            if j is not None and np.isfinite(ms) and ms >= 0:
+                m[i, j] = float(ms)
+    measured = np.isfinite(m)
+    est = m.copy()
+    if measured.all() or not measured.any():
+        return Estimate(nodes, sites, est, measured)
+    rows = measured.sum(axis=1) >= dims + 1
+    cols = measured.sum(axis=0) >= max(2, dims)
+    if rows.sum() >= 2 and cols.sum() >= dims + 1:
+        sub = m[np.ix_(rows, cols)]
+        # Fewer dimensions than nodes: a fit with more would be underdetermined.
+        d = max(1, min(dims, int(rows.sum()) - 1))
+        a, b = gnp.fit_bipartite(sub, dims=d, seed=seed)
+        pred = gnp.distances(a.coords, b.coords)
+        block = est[np.ix_(rows, cols)]
+        est[np.ix_(rows, cols)] = np.where(np.isfinite(block), block, pred)
+    return Estimate(nodes, sites, est, measured)
+
+
+def _bandwidth_cost(obs: Observations, est: Estimate) -> FloatArray | None:
+    """The patent's per-task ``1 / (BC_ij + BS_i)``; BC predicted from RTT where unmeasured.
+
+    Unmeasured crawl bandwidth is extrapolated as ``k / RTT`` -- a window-
+    limited TCP transfer -- with ``k`` the median of ``BC x RTT`` over the
+    measured pairs.  None when nothing was measured.
+    """
+    n, s = est.rtt_ms.shape
+    bc = np.full((n, s), np.nan)
+    col = {site: j for j, site in enumerate(est.sites)}
+    for i, node in enumerate(est.nodes):
+        for site, bps in obs.bw_Bps.get(node, {}).items():
+            j = col.get(site)
+            if j is not None and np.isfinite(bps) and bps > 0:
+                bc[i, j] = float(bps)
+    product = bc * est.rtt_ms
+    ok = np.isfinite(product) & (product > 0)
+    if not ok.any():
+        return None
+    k = float(np.median(product[ok]))
+    predicted = k / np.maximum(est.rtt_ms, gnp.MIN_RTT_MS)
+    bc = np.where(np.isfinite(bc), bc, predicted)
+    bs = np.array([float(obs.storage_Bps.get(node, 0.0)) for node in est.nodes])
+    total = bc + bs[:, None]
+    return np.asarray(1.0 / np.maximum(total, 1e-9), dtype=np.float64)
+
+
+def plan(
+    obs: Observations,
+    mode: str,
+    *,
+    k: int = 3,
+    cost: str = "latency",
+    current: Mapping[int, str | None] | None = None,
+    dims: int = 3,
+    seed: int = 0,
+    tolerance: float = 0.1,
+) -> dict[int, str]:
+    """Owner for every partition whose site has an estimate for every live node.
+
+    ``current`` (partition -> owner) keeps a ``hungarian`` plan stable: the
+    new assignment replaces the current one only if it is more than
+    ``tolerance`` cheaper in total, so measurement noise does not make
+    partitions (and their leases) bounce between nodes.  ``top1`` and
+    ``topk`` are stable by construction (the random choice is seeded by the
+    partition number, not by the order sites were discovered).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown placement mode {mode!r}: use one of {', '.join(MODES)}")
+    if cost not in COSTS:
+        raise ValueError(f"unknown placement cost {cost!r}: use one of {', '.join(COSTS)}")
+    if mode == "hash" or not obs.capacities or not obs.sites:
+        return {}
+    est = estimate_rtt(obs, dims=dims, seed=seed)
+    known = np.asarray(np.isfinite(est.rtt_ms).all(axis=0), dtype=bool)
+    if not known.any():
+        return {}
+    col = {s: j for j, s in enumerate(est.sites)}
+    parts = sorted(p for p, s in obs.sites.items() if known[col[s]])
+    site_cost = est.rtt_ms.T  # (sites, nodes)
+    if cost == "bandwidth":
+        bw = _bandwidth_cost(obs, est)
+        if bw is not None:
+            site_cost = bw.T
+    base = np.array([site_cost[col[obs.sites[p]]] for p in parts], dtype=np.float64)
+    nodes = est.nodes
+    if mode == "top1":
+        return {p: nodes[int(np.argmin(row))] for p, row in zip(parts, base, strict=True)}
+    if mode == "topk":
+        return {
+            p: nodes[assignment.top_k(row, k, np.random.default_rng([seed, p]))]
+            for p, row in zip(parts, base, strict=True)
+        }
+    capacities = np.array([float(obs.capacities[n]) for n in nodes])
+    owners = assignment.assign_batched(base, capacities)
+    new = {p: nodes[int(o)] for p, o in zip(parts, owners, strict=True)}
+    if current:
+        index = {n: i for i, n in enumerate(nodes)}
+        cur = [index.get(current.get(p) or "", -1) for p in parts]
+        if all(c >= 0 for c in cur):
+            targets = assignment.targets(len(parts), capacities, len(nodes))
+            counts = np.bincount(np.array(cur, dtype=np.int64), minlength=len(nodes))
+            old_total = float(sum(base[r, c] for r, c in enumerate(cur)))
+            new_total = float(base[np.arange(len(parts)), owners].sum())
+            if (counts <= targets).all() and old_total <= (1.0 + tolerance) * new_total:
+                return {p: nodes[c] for p, c in zip(parts, cur, strict=True)}
+    return new
+
+
+def moved(before: Mapping[int, str | None], after: Mapping[int, str]) -> int:
+    """How many partitions ``after`` gives to a different node than ``before``."""
+    return sum(1 for p, node in after.items() if before.get(p) != node)

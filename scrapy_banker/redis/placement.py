@@ -1,0 +1,197 @@
+"""Redis side of network-aware placement: publish measurements, apply plans.
+
+Runs on the :class:`~scrapy_banker.redis.worker.FrontierWorker` thread, once
+per heartbeat, so the reactor never waits on Redis:
+
+* sites seen by the scheduler are published as ``{prefix}:sites``
+  (partition -> netloc) and ``{prefix}:schemes`` (netloc -> scheme);
+* this node's denoised measurements go to ``{prefix}:net:rtt:{node}`` and
+  ``{prefix}:net:bw:{node}`` (netloc -> ms / bytes/s), its storage bandwidth
+  BS (the patent's standard 100 KB object written three times) to
+  ``{prefix}:net:bs``;
+* every ``BANKER_PLACEMENT_INTERVAL`` seconds one node (single-flight, under
+  the registry's rebalance lock) reads what the fleet measured, runs
+  :func:`scrapy_banker.placement.plan` and moves the partitions whose owner
+  changed -- with new epochs, so the hand-over is fenced exactly like a
+  rebalance.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from scrapy_banker.netstats import LinkStats, storage_bandwidth
+from scrapy_banker.partitions import Move, PartitionTable
+from scrapy_banker.placement import Observations, plan
+
+if TYPE_CHECKING:
+    import redis
+    from redis.cluster import RedisCluster
+
+    from scrapy_banker.redis.registry import NodeRegistry
+    from scrapy_banker.settings import PlacementConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PlacementAgent"]
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _floats(raw: Mapping[Any, Any]) -> dict[str, float]:
+    """Decode a Redis hash of numbers, skipping (not crashing on) garbage."""
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        try:
+            number = float(_text(value))
+        except ValueError:
+            continue
+        if math.isfinite(number) and number >= 0:
+            out[_text(key)] = number
+    return out
+
+
+class PlacementAgent:
+    def __init__(
+        self,
+        client: redis.Redis | RedisCluster,
+        prefix: str,
+        node: str,
+        config: PlacementConfig,
+        links: LinkStats,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.node = node
+        self.config = config
+        self.links = links
+        self.clock = clock
+        self.sites_key = f"{prefix}:sites"
+        self.schemes_key = f"{prefix}:schemes"
+        self.bs_key = f"{prefix}:net:bs"
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[str, str]] = {}
+        self._noted: set[int] = set()
+        self._published: dict[str, dict[str, float]] = {}
+        self._storage_done = False
+        self._next_plan = 0.0
+        #: netloc -> scheme of every site the fleet knows (read by the prober).
+        self.known: dict[str, str] = {}
+        self.runs = 0
+
+    def rtt_key(self, node: str) -> str:
+        return f"{self.prefix}:net:rtt:{node}"
+
+    def bw_key(self, node: str) -> str:
+        return f"{self.prefix}:net:bw:{node}"
+
+    # -- reactor thread ---------------------------------------------------------------
+
+    def note_site(self, partition: int, site: str, scheme: str) -> None:
+        """Remember which site a partition holds (first one wins, fleet-wide)."""
+        if partition in self._noted:
+            return
+        with self._lock:
+            self._noted.add(partition)
+            self._pending[partition] = (site, scheme)
+
+    # -- worker thread ----------------------------------------------------------------
+
+    def beat(self, registry: NodeRegistry) -> list[Move]:
+        """Publish, refresh the known sites, and plan when it is time; the moves made."""
+        client = self.client
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        try:
+            if pending:
+                pipe = client.pipeline(transaction=False)
+                for partition, (site, scheme) in pending.items():
+                    pipe.hsetnx(self.sites_key, str(partition), site)
+                    pipe.hsetnx(self.schemes_key, site, scheme)
+                pipe.execute()
+        except Exception:
+            with self._lock:  # keep them for the next beat
+                self._pending.update(pending)
+            raise
+        if not self._storage_done:
+            self._measure_storage()
+        self._publish()
+        self.known = {_text(k): _text(v) for k, v in client.hgetall(self.schemes_key).items()}
+        if self.config.mode == "hash" or self.clock() < self._next_plan:
+            return []
+        self._next_plan = self.clock() + self.config.interval
+        moves = registry.update(self.node, self._plan)
+        if moves is None:
+            return []
+        self.runs += 1
+        if moves:
+            logger.info("Placement (%s): %d partitions moved", self.config.mode, len(moves))
+        return moves
+
+    def _measure_storage(self) -> None:
+        probe_key = f"{self.prefix}:net:bs-probe:{self.node}"
+        bs = storage_bandwidth(
+            lambda blob: self.client.set(probe_key, blob, px=60_000),
+            size=self.config.storage_probe_bytes,
+        )
+        self.client.delete(probe_key)
+        self.client.hset(self.bs_key, self.node, repr(bs))
+        self._storage_done = True
+        logger.info("Storage bandwidth BS of node %s: %.0f bytes/s", self.node, bs)
+
+    def _publish(self) -> None:
+        snapshot = self.links.snapshot()
+        rtt = {s: v["rtt_ms"] for s, v in snapshot.items() if v.get("n", 0) > 0}
+        bw = {s: v["bw_Bps"] for s, v in snapshot.items() if v.get("bw_Bps", 0.0) > 0}
+        changed_rtt = {s: ms for s, ms in rtt.items() if self._published.get(s, {}).get("r") != ms}
+        changed_bw = {s: b for s, b in bw.items() if self._published.get(s, {}).get("b") != b}
+        if not changed_rtt and not changed_bw:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        if changed_rtt:
+            pipe.hset(self.rtt_key(self.node), mapping={s: repr(v) for s, v in changed_rtt.items()})
+        if changed_bw:
+            pipe.hset(self.bw_key(self.node), mapping={s: repr(v) for s, v in changed_bw.items()})
+        pipe.execute()
+        for s, ms in changed_rtt.items():
+            self._published.setdefault(s, {})["r"] = ms
+        for s, b in changed_bw.items():
+            self._published.setdefault(s, {})["b"] = b
+
+    def observations(self, live: Mapping[str, float]) -> Observations:
+        client = self.client
+        sites: dict[int, str] = {}
+        for key, value in client.hgetall(self.sites_key).items():
+            try:
+                sites[int(_text(key))] = _text(value)
+            except ValueError:
+                logger.warning("Ignoring malformed entry %r in %s", key, self.sites_key)
+        rtt = {node: _floats(client.hgetall(self.rtt_key(node))) for node in live}
+        bw = {node: _floats(client.hgetall(self.bw_key(node))) for node in live}
+        bs = _floats(client.hgetall(self.bs_key))
+        return Observations(dict(live), sites, rtt, bw, bs)
+
+    def _plan(self, table: PartitionTable, live: Mapping[str, float]) -> list[Move]:
+        obs = self.observations(live)
+        valid = {p: s for p, s in obs.sites.items() if 0 <= p < table.size}
+        obs = Observations(obs.capacities, valid, obs.rtt_ms, obs.bw_Bps, obs.storage_Bps)
+        current = {p: table.owners[p] for p in valid}
+        owners = plan(
+            obs,
+            self.config.mode,
+            k=self.config.topk,
+            cost=self.config.cost,
+            current=current,
+            dims=self.config.dims,
+            tolerance=self.config.tolerance,
+        )
+        return table.assign({p: n for p, n in owners.items() if table.owners[p] != n})

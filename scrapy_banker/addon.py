@@ -22,7 +22,10 @@ SCHEDULER = "scrapy_banker.scheduler.BankerScheduler"
 #: DownloaderStats (850), so like it it counts every network response, retried
 #: attempts included.
 SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
-DOWNLOADER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerDownloaderMiddleware": 860}
+DOWNLOADER_MIDDLEWARES = {
+    "scrapy_banker.middlewares.BankerDownloaderMiddleware": 860,
+    "scrapy_banker.netaware.NetworkMeasureMiddleware": 865,
+}
 EXTENSIONS = {
     "scrapy_banker.extensions.BankerStatsFile": 500,
     "scrapy_banker.extensions.BankerTopicAdjuster": 500,

@@ -52,7 +52,7 @@ def link_stats(crawler: Crawler) -> LinkStats:
     links = _LINKS.get(crawler)
     if links is None:
         config = load_placement_config(crawler.settings)
-        links = _LINKS[crawler] = LinkStats(window=config.window, max_sites=50_000)
+        links = _LINKS[crawler] = LinkStats(window=config.window, max_sites=10_000)
     return links
 
 
@@ -70,10 +70,12 @@ class NetworkMeasureMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> NetworkMeasureMiddleware:
-        config = load_placement_config(crawler.settings)
-        if not crawler.settings.getbool("BANKER_NET_MEASURE"):
+        config = load_placement_config(crawler.settings)  # a typo fails at start-up
+        if not config.measure:
             raise NotConfigured("BANKER_NET_MEASURE is False")
-        del config  # validated here so a typo fails at start-up
+        if config.mode == "hash":
+            # Nothing would read the measurements: keep no per-site state.
+            raise NotConfigured("BANKER_PLACEMENT is 'hash'")
         assert crawler.stats is not None
         return cls(link_stats(crawler), crawler.stats)
 

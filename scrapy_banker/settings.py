@@ -553,6 +553,7 @@ class PlacementConfig:
     dims: int
     landmark: bool
     reference_sites: int
+    measure: bool
     window: int
     probe_rate: float
     probe_samples: int
@@ -591,6 +592,7 @@ def load_placement_config(settings: SettingsLike) -> PlacementConfig:
         reference_sites=_as_positive_int(
             "BANKER_GNP_REFERENCE_SITES", _get(settings, "BANKER_GNP_REFERENCE_SITES")
         ),
+        measure=_as_bool("BANKER_NET_MEASURE", _get(settings, "BANKER_NET_MEASURE")),
         window=_as_positive_int("BANKER_NET_WINDOW", _get(settings, "BANKER_NET_WINDOW"), 3),
         probe_rate=_as_float(
             "BANKER_PROBE_RATE", _get(settings, "BANKER_PROBE_RATE"), 0.0, strict=False

@@ -1,0 +1,817 @@
+"""A crawler fleet under WAN emulation: does network-aware placement speed up a crawl?
+
+What is measured
+    ``--workers`` (6) real worker processes (``scrapy_banker.testing.fleet``,
+    node ids ``n0`` .. ``n5``) crawl one local web farm through one real
+    ``redis-server`` with ``BankerRedisScheduler``, once per placement
+    strategy, each time from scratch (Redis flushed, farm counters reset,
+    same farm, same seeds).  The farm emulates a wide-area network: every
+    request carries ``X-Banker-Node: <node id>``
+    (``scrapy_banker.testing.wan.NodeHeaderMiddleware``) and the farm delays
+    its answer by the real round-trip time between that node and the site,
+    taken from the PlanetLab matrix ``data/rtt/planetlab-490-t1.tsv.gz``
+    (490 x 490 ms): node ``n<i>`` is one row of the matrix, farm host ``h``
+    one column (``FarmConfig.node_rows`` / ``host_columns``), times
+    ``latency_scale`` (1.0).
+
+    Strategies (settings given to every worker):
+
+    * ``random``: ``BANKER_PLACEMENT = "hash"`` -- today's hash partitioning,
+      network-blind;
+    * ``top1``: each site's partition on the node nearest to it;
+    * ``top3``: uniformly among the 3 nearest (the GNP paper's Top3);
+    * ``hungarian``: batched Hungarian with equal per-node targets on the
+      patent's ``(tasks + 1) / (BC + BS)`` cost over measured bandwidth;
+    * ``oracle``: Hungarian on the latency cost, fed the TRUE RTTs: before
+      the workers start, the benchmark writes every node x site RTT the farm
+      will apply into ``{prefix}:net:rtt:{node}`` and every site's partition
+      into ``{prefix}:sites``, as if measured; the workers neither probe
+      (``BANKER_PROBE_RATE = 0``) nor measure (``BANKER_NET_MEASURE = False``,
+      so no noisy measurement overwrites the truth).
+
+    The measured strategies (top1, top3, hungarian) start network-blind and
+    learn: landmark nodes (``BANKER_GNP_LANDMARK`` on the even-numbered
+    workers n0, n2, n4) probe every site, the others a few reference sites,
+    ``BANKER_PROBE_RATE`` (20) probes/s per node, GNP (``BANKER_GNP_DIMS`` 3)
+    predicts the pairs nobody measured, and the planner runs every
+    ``BANKER_PLACEMENT_INTERVAL`` (2) s.  Probes (``/robots.txt``, a 404 on
+    the farm, delayed like any page) are excluded from every page count.
+
+    Per strategy ``<s>``:
+
+    * ``pages_per_s_<s>``: pages fetched (farm fetches, probes excluded) /
+      wall time from the first worker's start to the last worker's exit
+      (process start-up and the idle-close delay included: what a user
+      waits for); ``pages_per_s_busy_<s>``: the same over the busy span (the
+      parent samples the farm's request counter every 0.2 s; the span runs
+      from the first sample that saw a request to the last that saw it
+      change);
+    * ``mean_rtt_ms_<s>``: mean emulated RTT actually paid per fetched page:
+      each worker counts its responses per site (:class:`PlacementTuning`,
+      probes excluded) and each count is weighted by the RTT the farm applies
+      to that (node, site) pair;
+    * ``lost_<s>`` / ``dup_<s>``: expected pages (a BFS of the farm's links)
+      never fetched, and fetches beyond the first of a page;
+    * ``partitions_moved_<s>``: partitions the planner moved
+      (``banker/placement/moves`` summed over the workers; 0 for ``random``).
+
+    Ratios: ``top1_vs_random``, ``top3_vs_random``, ``hungarian_vs_random``,
+    ``hungarian_vs_oracle``, ``top3_vs_oracle`` (wall pages/s); targets
+    (reported, never asserted): top3 >= 1.5x random and hungarian within
+    10 % of oracle (``targets_met``).
+
+Layout
+    All choices are seeded by ``--seed`` (7).  The RTT matrix is symmetrised
+    and rows with an RTT above 1 s to anyone (a few PlanetLab nodes with
+    broken links) are left out, for nodes and hosts alike: one such pair
+    would make the whole comparison hinge on it.  Nodes are spread with
+    ``--nodes kmedoids`` (default: k-medoids with a k-means++ start, so the
+    fleet sits where the matrix's nodes are, one node per region, as a
+    crawl operator would deploy) or ``--nodes farthest`` (farthest-point
+    selection; it picks the most remote PlanetLab nodes, which are far from
+    nearly every site, so one node ends up nearest to most hosts).  Farm
+    hosts are then mapped to random other columns with finite RTTs to every
+    node.
+
+Workload
+    Hosts are Zipf-sized (``s = 1``, the farm's default: a few large sites
+    and many small ones; 900 content pages, 1,092 URLs, the largest host 206
+    of them) with ``CONCURRENT_REQUESTS`` 16 and
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` 2.  A host's pages take about
+    ``urls / 2 x RTT`` to fetch, so once the many small hosts are done the
+    crawl is a network-bound tail on the few large ones, whose RTT from
+    their owner decides how long it lasts -- which is what placement
+    changes (the largest host is 55 ms from its nearest node and 140-330 ms
+    from the others).  With random placement that is ~30-40 s.
+
+    Caveat, on a 2-core machine: six Scrapy processes, their Redis I/O
+    threads, redis-server and the farm saturate both cores during start-up
+    (~8 s before the first response) and during the crawl's first seconds,
+    whatever the RTTs; ``cpu_busy`` (fraction of all cores busy, from
+    ``/proc/stat``) and ``workers_cpu_s`` are reported per run, and
+    ``mean_download_latency_ms`` (Scrapy's ``download_latency``) next to the
+    emulated ``mean_rtt_ms`` shows how much CPU queueing was added to the
+    network.  A strategy that costs the workers CPU is slowed by it here
+    more than on a fleet with a machine per node.  Fewer pages
+    (``--pages``) or a larger ``--latency-scale`` make the runs more
+    network-bound.  The hash placement of the random runs depends on the
+    order in which the workers join (each join rebalances), so which node
+    gets the largest host varies between runs: use the full mode (3 runs,
+    medians) for figures to compare.
+
+    Workers run Twisted's epoll reactor and a 0.5 s engine heartbeat, as in
+    ``benchmarks/distributed.py`` (see its docstring for why), and
+    ``BANKER_REDIS_HEARTBEAT`` 0.5 s, on which the placement agent publishes
+    measurements and plans.
+
+Usage::
+
+    python benchmarks/placement.py --quick   # 6 workers, 48 hosts, 900 pages (~5 min)
+    python benchmarks/placement.py           # the same, 3 runs per strategy (medians)
+    python benchmarks/placement.py --tiny    # harness smoke test: 3 workers, 8 hosts
+
+``--strategies a,b`` (any of random, top1, top3, hungarian, oracle),
+``--seed``, ``--workers``, ``--repeats``, ``--hosts``, ``--pages``,
+``--zipf``, ``--latency-scale``, ``--nodes`` and ``--set KEY=JSON`` (extra
+worker setting for every strategy) override the mode.  Progress goes to
+stderr, a summary to stdout, and the last stdout line is the JSON object.
+A run that loses pages, times out or has a worker exit non-zero prints the
+worker log tails to stderr; the JSON is printed all the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
+STRATEGIES: tuple[str, ...] = ("random", "top1", "top3", "hungarian", "oracle")
+SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
+NODE_HEADER_MW = "scrapy_banker.testing.wan.NodeHeaderMiddleware"
+MEASURE_MW = "scrapy_banker.netaware.NetworkMeasureMiddleware"
+#: This module, as the workers import it (``benchmarks/`` on their PYTHONPATH).
+TUNING = "placement.PlacementTuning"
+CONCURRENT = 16
+PER_HOST = 2
+SAMPLE_S = 0.2
+#: Matrix rows with an RTT above this to anyone are left out (broken links).
+MAX_RTT_MS = 1000.0
+#: Probe URLs (``BANKER_PROBE_PATH``): not pages, excluded from every count.
+PROBE_SUFFIX = "/robots.txt"
+#: Stats keys of :class:`PlacementTuning`.
+SITE_STAT = "placement_bench/site/"
+LATENCY_STAT = "placement_bench/download_latency_ms"
+REACTORS = {
+    "epoll": "twisted.internet.epollreactor.EPollReactor",
+    "asyncio": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+}
+
+
+class PlacementTuning:
+    """Worker-side extension: the engine heartbeat, and what each site cost this node.
+
+    Counts crawl responses per site (netloc) into ``placement_bench/site/<netloc>``
+    -- probes excluded -- so the parent can weight them by the true RTT of
+    this (node, site) pair, and sums Scrapy's ``download_latency`` (ms) as a
+    cross-check that the farm applied the RTTs.  Kept free of heavy imports:
+    it is loaded in every worker process.
+    """
+
+    def __init__(self, crawler: Any) -> None:
+        from scrapy import signals
+        from scrapy.core.engine import ExecutionEngine
+
+        heartbeat = crawler.settings.getfloat("PLACEMENT_BENCH_HEARTBEAT", 0.0)
+        if heartbeat > 0:
+            ExecutionEngine._SLOT_HEARTBEAT_INTERVAL = heartbeat  # type: ignore[misc]
+        self.stats = crawler.stats
+        crawler.signals.connect(self.response_received, signal=signals.response_received)
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> PlacementTuning:
+        return cls(crawler)
+
+    def response_received(self, response: Any, request: Any, spider: Any) -> None:
+        if request.meta.get("banker_probe"):
+            return
+        from scrapy.utils.httpobj import urlparse_cached
+
+        self.stats.inc_value(SITE_STAT + urlparse_cached(request).netloc.lower())
+        latency = request.meta.get("download_latency")
+        if isinstance(latency, (int, float)):
+            self.stats.inc_value(LATENCY_STAT, float(latency) * 1000.0)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Size of one benchmark mode."""
+
+    workers: int
+    hosts: int
+    total_pages: int
+    zipf_s: float
+    latency_scale: float
+    repeats: int
+    #: Per-run limit (s): a run still going after it is killed and reported.
+    timeout_s: float
+    idle_s: float = 1.0
+    gnp_dims: int = 3
+
+
+QUICK = Workload(workers=6, hosts=48, total_pages=900, zipf_s=1.0, latency_scale=1.0,
+                 repeats=1, timeout_s=240.0)  # fmt: skip
+FULL = replace(QUICK, repeats=3)
+TINY = Workload(workers=3, hosts=8, total_pages=60, zipf_s=0.5, latency_scale=0.5,
+                repeats=1, timeout_s=60.0, idle_s=0.5, gnp_dims=2)  # fmt: skip
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores from /proc/stat; None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# ---------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class Layout:
+    """Which matrix row stands for each node and which column for each farm host."""
+
+    node_rows: dict[str, int]
+    host_columns: dict[int, int]
+    method: str
+
+
+def _symmetric(m: Any) -> Any:
+    import numpy as np
+
+    both = np.isfinite(m) & np.isfinite(m.T)
+    return np.where(both, (m + m.T) / 2.0, np.where(np.isfinite(m), m, m.T))
+
+
+def _eligible_rows(d: Any) -> Any:
+    """Rows measured to every other row, with no RTT above :data:`MAX_RTT_MS`."""
+    import numpy as np
+
+    n = d.shape[0]
+    off = np.where(np.eye(n, dtype=bool), 0.0, d)
+    ok = np.isfinite(off).all(axis=1) & (np.nan_to_num(off, nan=np.inf) <= MAX_RTT_MS).all(axis=1)
+    return np.flatnonzero(ok)
+
+
+def _farthest(d: Any, rows: Any, k: int, rng: Any) -> list[int]:
+    """Farthest-point selection: a random start, then the row farthest from the chosen."""
+    import numpy as np
+
+    chosen = [int(rng.choice(rows))]
+    while len(chosen) < k:
+        gap = d[np.ix_(rows, chosen)].min(axis=1)
+        gap[np.isin(rows, chosen)] = -1.0
+        chosen.append(int(rows[int(np.argmax(gap))]))
+    return chosen
+
+
+def _kmedoids(d: Any, rows: Any, k: int, rng: Any, iters: int = 100) -> list[int]:
+    """k-medoids (Voronoi iteration) from a k-means++ start over the eligible rows."""
+    import numpy as np
+
+    sub = d[np.ix_(rows, rows)]
+    centres = [int(rng.integers(len(rows)))]
+    while len(centres) < k:
+        weight = sub[:, centres].min(axis=1) ** 2
+        weight[centres] = 0.0
+        centres.append(int(rng.choice(len(rows), p=weight / weight.sum())))
+    for _ in range(iters):
+        label = np.argmin(sub[:, centres], axis=1)
+        new = []
+        for j in range(k):
+            members = np.flatnonzero(label == j)
+            if members.size == 0:
+                new.append(centres[j])
+                continue
+            new.append(int(members[np.argmin(sub[np.ix_(members, members)].sum(axis=1))]))
+        if new == centres:
+            break
+        centres = new
+    return [int(rows[c]) for c in centres]
+
+
+def choose_layout(m: Any, workers: int, hosts: int, seed: int, method: str) -> Layout:
+    """Seeded node rows (spread out) and host columns (finite RTT to every node)."""
+    import numpy as np
+
+    d = _symmetric(m)
+    rows = _eligible_rows(d)
+    if len(rows) < workers + hosts:
+        raise SystemExit(f"the RTT matrix has only {len(rows)} usable rows")
+    rng = np.random.default_rng([seed, 0x9E7])
+    pick = _kmedoids if method == "kmedoids" else _farthest
+    chosen = pick(d, rows, workers, rng)
+    taken = set(chosen)
+    block = m[np.ix_(chosen, rows)]
+    finite = (np.isfinite(block) & (block > 0) & (block <= MAX_RTT_MS)).all(axis=0)
+    columns = [int(c) for c, ok in zip(rows, finite, strict=True) if ok and int(c) not in taken]
+    if len(columns) < hosts:
+        raise SystemExit(f"only {len(columns)} matrix columns can stand for farm hosts")
+    picked = rng.choice(columns, size=hosts, replace=False)
+    return Layout(
+        {f"n{i}": row for i, row in enumerate(chosen)},
+        {h: int(c) for h, c in enumerate(picked)},
+        method,
+    )
+
+
+# --------------------------------------------------------------------- workers
+@dataclass(frozen=True)
+class Options:
+    """What every run of one invocation shares, besides the farm."""
+
+    workload: Workload
+    heartbeat: float
+    reactor: str
+    probe_rate: float
+    interval: float
+    extra: dict[str, Any]
+
+
+def strategy_settings(strategy: str) -> dict[str, Any]:
+    """The placement settings that select a strategy."""
+    if strategy == "random":
+        return {"BANKER_PLACEMENT": "hash"}
+    if strategy == "top1":
+        return {"BANKER_PLACEMENT": "top1"}
+    if strategy == "top3":
+        return {"BANKER_PLACEMENT": "topk", "BANKER_PLACEMENT_TOPK": 3}
+    if strategy == "hungarian":
+        return {"BANKER_PLACEMENT": "hungarian", "BANKER_PLACEMENT_COST": "bandwidth"}
+    if strategy == "oracle":
+        return {
+            "BANKER_PLACEMENT": "hungarian",
+            "BANKER_PLACEMENT_COST": "latency",
+            "BANKER_PROBE_RATE": 0,
+            "BANKER_NET_MEASURE": False,
+        }
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def worker_settings(strategy: str, redis_url: str, index: int, opts: Options) -> dict[str, Any]:
+    """One worker's Scrapy settings; only the placement settings differ between strategies."""
+    node = f"n{index}"
+    return {
+        "TWISTED_REACTOR": opts.reactor,
+        "REMOTE_CONTROL_ENABLED": False,
+        "LOG_LEVEL": "INFO",
+        "SCHEDULER": SCHEDULER,
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "REDIS_URL": redis_url,
+        "BANKER_REDIS_NODE_ID": node,
+        "BANKER_REDIS_HEARTBEAT": 0.5,
+        "BANKER_REDIS_IDLE_BEFORE_CLOSE": opts.workload.idle_s,
+        "CONCURRENT_REQUESTS": CONCURRENT,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
+        "DOWNLOADER_MIDDLEWARES": {NODE_HEADER_MW: 50, MEASURE_MW: 60},
+        "EXTENSIONS": {TUNING: 0},
+        "PLACEMENT_BENCH_HEARTBEAT": opts.heartbeat,
+        "BANKER_GNP_LANDMARK": index % 2 == 0,
+        "BANKER_GNP_DIMS": opts.workload.gnp_dims,
+        "BANKER_PROBE_RATE": opts.probe_rate,
+        "BANKER_PLACEMENT_INTERVAL": opts.interval,
+        **strategy_settings(strategy),
+        **opts.extra,
+    }
+
+
+def site_partitions(
+    seeds: Sequence[str], settings: Mapping[str, Any]
+) -> tuple[str, dict[str, int]]:
+    """Redis prefix, and each seed's site (netloc) -> partition, as the workers compute them.
+
+    Asks the scheduler itself: ``BankerScheduler._classify`` gives a request's
+    queue key hash, the distributed scheduler puts it in partition
+    ``hash % BANKER_REDIS_PARTITIONS``, and ``site_of`` names its site.
+    """
+    from scrapy import Request
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_banker.netaware import site_of
+    from scrapy_banker.scheduler import BankerScheduler
+    from scrapy_banker.settings import load_redis_config
+    from scrapy_banker.testing.fleet import FleetSpider
+
+    banker = {k: v for k, v in settings.items() if k.startswith("BANKER_")}
+    crawler = get_crawler(FleetSpider, settings_dict=banker)
+    rconfig = load_redis_config(crawler.settings, FleetSpider.name)
+    scheduler = BankerScheduler.from_crawler(crawler)
+    assert isinstance(scheduler, BankerScheduler)
+    out: dict[str, int] = {}
+    for url in seeds:
+        request = Request(url)
+        key_hash = scheduler._classify(request)[3]
+        out[site_of(request)] = key_hash % rconfig.partitions
+    return rconfig.prefix, out
+
+
+def seed_oracle(
+    client: Any,
+    prefix: str,
+    partitions: Mapping[str, int],
+    true_ms: Mapping[str, Mapping[str, float]],
+) -> None:
+    """Write the true RTTs and site partitions into Redis as if the fleet had measured them."""
+    pipe = client.pipeline(transaction=False)
+    for site, partition in partitions.items():
+        pipe.hsetnx(f"{prefix}:sites", str(partition), site)  # first one wins, as published
+        pipe.hsetnx(f"{prefix}:schemes", site, "http")
+    for node, row in true_ms.items():
+        pipe.hset(f"{prefix}:net:rtt:{node}", mapping={s: repr(ms) for s, ms in row.items()})
+    pipe.execute()
+
+
+def run_fleet(
+    strategy: str,
+    farm: Any,
+    redis_url: str,
+    workdir: Path,
+    opts: Options,
+    true_ms: Mapping[str, Mapping[str, float]],
+) -> dict[str, Any]:
+    """One crawl of the farm by the fleet with one strategy; what the farm and workers saw."""
+    import redis
+
+    from scrapy_banker.testing.fleet import FleetWorker
+
+    n_workers = opts.workload.workers
+    seeds = farm.start_urls()
+    settings = [worker_settings(strategy, redis_url, i, opts) for i in range(n_workers)]
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    farm.reset()
+    if strategy == "oracle":
+        prefix, partitions = site_partitions(seeds, settings[0])
+        seed_oracle(client, prefix, partitions, true_ms)
+    client.close()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cpu0, children0 = _cpu_ticks(), _children_cpu_s()
+    t0 = time.monotonic()
+    workers = [
+        FleetWorker(f"n{i}", workdir, {"spider": "farm", "seeds": seeds, "settings": settings[i]})
+        for i in range(n_workers)
+    ]
+    first_t: float | None = None
+    first_n = 0
+    last_t = t0
+    last_n = 0
+    timed_out = False
+    codes: dict[str, int | None] = {}
+    timeline: list[int] = []
+    next_mark = t0
+    while True:
+        now = time.monotonic()
+        n = int(farm.stats()["requests"])
+        if n and first_t is None:
+            first_t, first_n = now, n
+        if n != last_n:
+            last_t, last_n = now, n
+        if now >= next_mark:
+            timeline.append(n)
+            next_mark += 1.0
+        for w in workers:
+            if w.name not in codes and w.proc.poll() is not None:
+                codes[w.name] = w.proc.returncode
+        if len(codes) == len(workers):
+            break
+        if now - t0 > opts.workload.timeout_s:
+            timed_out = True
+            for w in workers:
+                if w.proc.poll() is None:
+                    w.kill()
+                    codes[w.name] = w.proc.returncode
+            break
+        time.sleep(SAMPLE_S)
+    end = time.monotonic()
+    for w in workers:
+        w.wait(30)  # reap, so RUSAGE_CHILDREN counts them
+    cpu1, children1 = _cpu_ticks(), _children_cpu_s()
+    cpu_busy = math.nan
+    if cpu0 is not None and cpu1 is not None and cpu1[1] > cpu0[1]:
+        cpu_busy = (cpu1[0] - cpu0[0]) / (cpu1[1] - cpu0[1])
+    stats = farm.stats(urls=True)
+    fetches: dict[str, int] = stats["fetches"]
+    pages = {u: c for u, c in fetches.items() if not u.endswith(PROBE_SUFFIX)}
+    probes = sum(c for u, c in fetches.items() if u.endswith(PROBE_SUFFIX))
+    expected = farm.expected_urls()
+    lost = len(expected - set(pages))
+    dup = sum(c - 1 for c in pages.values() if c > 1)
+    n_pages = sum(pages.values())
+    wall = end - t0
+    busy = (last_t - first_t) if first_t is not None else 0.0
+    # The counter includes probes; the busy figure counts pages only.
+    busy_pages = n_pages * (last_n - first_n) / last_n if last_n else 0
+    worker_stats: list[dict[str, Any]] = []
+    for w in workers:
+        try:
+            worker_stats.append(w.stats())
+        except AssertionError:
+            worker_stats.append({})
+    paid = 0.0
+    counted = 0
+    latency_sum = 0.0
+    per_node_pages: list[int] = []
+    for w, s in zip(workers, worker_stats, strict=True):
+        row = true_ms.get(w.name, {})
+        mine = 0
+        for key, value in s.items():
+            if key.startswith(SITE_STAT):
+                site = key[len(SITE_STAT) :]
+                if site in row:
+                    paid += row[site] * int(value)
+                    counted += int(value)
+                mine += int(value)
+        per_node_pages.append(mine)
+        latency_sum += float(s.get(LATENCY_STAT, 0.0))
+    moves_seen = any("banker/placement/moves" in s for s in worker_stats)
+    run: dict[str, Any] = {
+        "strategy": strategy,
+        "pages": n_pages,
+        "expected": len(expected),
+        "lost": lost,
+        "dup": dup,
+        "probes": probes,
+        "wall_s": round(wall, 3),
+        "busy_s": round(busy, 3),
+        "first_response_s": round(first_t - t0, 3) if first_t is not None else None,
+        "tail_s": round(end - last_t, 3),
+        "pages_per_s": n_pages / wall if wall > 0 else math.nan,
+        "pages_per_s_busy": busy_pages / busy if busy > 0 else math.nan,
+        "mean_rtt_ms": paid / counted if counted else math.nan,
+        "mean_download_latency_ms": latency_sum / sum(per_node_pages)
+        if sum(per_node_pages)
+        else math.nan,
+        "pages_per_node": per_node_pages,
+        "partitions_moved": sum(int(s.get("banker/placement/moves", 0)) for s in worker_stats)
+        if moves_seen or strategy == "random"
+        else None,
+        "placement_errors": sum(int(s.get("banker/placement/errors", 0)) for s in worker_stats),
+        "rebalance_moves": sum(
+            int(s.get("banker/redis/partitions_moved", 0)) for s in worker_stats
+        ),
+        "probes_sent": sum(int(s.get("banker/net/probes", 0)) for s in worker_stats),
+        "cpu_busy": cpu_busy,
+        "workers_cpu_s": round(children1 - children0, 2),
+        "max_concurrent_per_host": max(stats["max_inflight_per_host"].values(), default=0),
+        "exit_codes": [codes.get(w.name) for w in workers],
+        "timed_out": timed_out,
+        "finish_reasons": [s.get("finish_reason") for s in worker_stats],
+        "timeline": timeline,
+    }
+    if lost or timed_out or any(c != 0 for c in run["exit_codes"]):
+        _log(f"!! {strategy}: lost {lost}, exit codes {run['exit_codes']}"
+             f"{', timed out' if timed_out else ''}")  # fmt: skip
+        for w in workers:
+            _log(f"---- log tail of {strategy} worker {w.name} ----\n{w.log_tail()}")
+    return run
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first run's details with median figures; the worst lost/dup."""
+    out = dict(runs[0])
+    for key in ("pages_per_s", "pages_per_s_busy", "wall_s", "busy_s", "mean_rtt_ms"):
+        values = [r[key] for r in runs if isinstance(r[key], (int, float))]
+        out[key] = statistics.median(values) if values else math.nan
+    for key in ("lost", "dup"):
+        out[key] = max(r[key] for r in runs)
+    out["pages_per_s_samples"] = [r["pages_per_s"] for r in runs]
+    return out
+
+
+# ------------------------------------------------------------------------- CLI
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="one run per strategy (~5 min)")
+    mode.add_argument("--tiny", action="store_true", help="harness smoke test (3 workers)")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated subset of {','.join(STRATEGIES)}")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=7, help="farm and layout seed")
+    parser.add_argument("--workers", type=int, default=None, help="fleet size (>= 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per strategy")
+    parser.add_argument("--hosts", type=int, default=None, help="farm hosts")
+    parser.add_argument("--pages", type=int, default=None, help="farm content pages")
+    parser.add_argument("--zipf", type=float, default=None, help="host size skew")
+    parser.add_argument("--latency-scale", type=float, default=None,
+                        help="factor on the matrix RTTs")  # fmt: skip
+    parser.add_argument("--nodes", choices=("kmedoids", "farthest"), default="kmedoids",
+                        help="how node rows are spread over the matrix")  # fmt: skip
+    parser.add_argument("--probe-rate", type=float, default=20.0, help="BANKER_PROBE_RATE")
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="BANKER_PLACEMENT_INTERVAL in s")  # fmt: skip
+    parser.add_argument("--heartbeat", type=float, default=0.5,
+                        help="Scrapy engine heartbeat in s (5 = stock Scrapy)")  # fmt: skip
+    parser.add_argument("--reactor", default="epoll",
+                        help="TWISTED_REACTOR: epoll, asyncio or an import path")  # fmt: skip
+    parser.add_argument("--workdir", default=None,
+                        help="keep worker specs, logs and stats here (default: a temporary "
+                        "directory, deleted at the end)")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="extra worker setting for every strategy")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 2:
+        parser.error("--workers must be >= 2")
+    args.strategy_list = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in args.strategy_list if s not in STRATEGIES]
+    if unknown or not args.strategy_list:
+        parser.error(f"--strategies: unknown {unknown}; use a subset of {','.join(STRATEGIES)}")
+    return args
+
+
+def _extra(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {pair!r}: expected KEY=JSON")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def _num(value: Any, digits: int = 4) -> float | None:
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return round(float(value), digits)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import _common
+    import numpy as np
+
+    from scrapy_banker.gnp import read_rtt_matrix
+    from scrapy_banker.testing.redis_server import RedisServer
+    from scrapy_banker.testing.webfarm import FarmConfig, FarmModel, WebFarm
+
+    args = _parse(argv)
+    workload = TINY if args.tiny else QUICK if args.quick else FULL
+    for arg, name in (("workers", "workers"), ("repeats", "repeats"), ("hosts", "hosts"),
+                      ("pages", "total_pages"), ("zipf", "zipf_s"),
+                      ("latency_scale", "latency_scale")):  # fmt: skip
+        if getattr(args, arg) is not None:
+            workload = replace(workload, **{name: getattr(args, arg)})
+    workload = replace(workload, repeats=max(1, workload.repeats))
+    extra = _extra(args.set)
+    reactor = REACTORS.get(args.reactor, args.reactor)
+    opts = Options(workload, args.heartbeat, reactor, args.probe_rate, args.interval, extra)
+    strategies = args.strategy_list
+    # The workers import PlacementTuning from this module.
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (here, os.environ.get("PYTHONPATH", "")) if p
+    )
+    m = read_rtt_matrix(MATRIX)
+    layout = choose_layout(m, workload.workers, workload.hosts, args.seed, args.nodes)
+    config = FarmConfig(
+        seed=args.seed,
+        hosts=workload.hosts,
+        total_pages=workload.total_pages,
+        zipf_s=workload.zipf_s,
+        rtt_matrix=str(MATRIX),
+        node_rows=layout.node_rows,
+        host_columns=layout.host_columns,
+        latency_scale=workload.latency_scale,
+    )
+    model = FarmModel(config)
+    counts = model.page_counts()
+    nodes = list(layout.node_rows)
+    # What the farm will apply: (nodes, hosts) ms, from the farm's own model.
+    true = np.array([[model.latency_ms(h, n) for h in range(workload.hosts)] for n in nodes])
+    nearest = np.bincount(true.argmin(axis=0), minlength=len(nodes))
+    weights = np.array([model.n_urls(h) for h in range(workload.hosts)], dtype=np.float64)
+    started = time.perf_counter()
+    _log(
+        f"farm: {config.hosts} hosts, {sum(counts):,} content pages (largest host "
+        f"{counts[0]}, smallest {counts[-1]}), RTTs from {MATRIX.name} x "
+        f"{config.latency_scale:g}; {workload.workers} workers ({args.nodes} rows "
+        f"{list(layout.node_rows.values())}), nearest node per host {nearest.tolist()}; "
+        f"mean RTT over pairs {true.mean():.1f} ms, to the nearest node "
+        f"{true.min(axis=0).mean():.1f} ms; CONCURRENT_REQUESTS={CONCURRENT}, "
+        f"CONCURRENT_REQUESTS_PER_DOMAIN={PER_HOST}; strategies {strategies}, "
+        f"{workload.repeats} run(s) each; reactor {reactor}; {os.cpu_count()} cores"
+        + (f"; extra settings {extra}" if extra else "")
+    )
+    samples: dict[str, list[dict[str, Any]]] = {}
+    with (
+        WebFarm(config) as farm,
+        RedisServer() as server,
+        tempfile.TemporaryDirectory(prefix="placement-") as scratch,
+    ):
+        # Site (netloc, as the scheduler names it) of each host, by host index.
+        sites = [urlsplit(u).netloc.lower() for u in farm.start_urls()]
+        true_ms = {
+            n: {site: float(true[i, h]) for h, site in enumerate(sites)}
+            for i, n in enumerate(nodes)
+        }
+        _log(f"expected pages (BFS from {len(farm.start_urls())} roots): "
+             f"{len(farm.expected_urls()):,}")  # fmt: skip
+        tmp = Path(args.workdir) if args.workdir else Path(scratch)
+        for rep in range(workload.repeats):
+            order = strategies if rep % 2 == 0 else strategies[::-1]
+            for strategy in order:
+                run = run_fleet(strategy, farm, server.url, tmp / f"{strategy}-{rep}",
+                                opts, true_ms)  # fmt: skip
+                samples.setdefault(strategy, []).append(run)
+                _log(
+                    f"  {strategy:<10} {run['pages']:,} pages, {run['pages_per_s']:6.1f} "
+                    f"pages/s wall ({run['wall_s']:.1f} s), {run['pages_per_s_busy']:6.1f} "
+                    f"busy ({run['busy_s']:.1f} s; first response {run['first_response_s']} s, "
+                    f"tail {run['tail_s']:.1f} s); mean RTT {run['mean_rtt_ms']:.1f} ms "
+                    f"(download latency {run['mean_download_latency_ms']:.1f}); lost "
+                    f"{run['lost']}, dup {run['dup']}; moved {run['partitions_moved']}, "
+                    f"probes {run['probes']}; CPU {run['cpu_busy']:.0%} of all cores, workers "
+                    f"{run['workers_cpu_s']:.1f} s; pages per node {run['pages_per_node']}"
+                )
+    runs = {s: _median_run(r) for s, r in samples.items()}
+
+    def rate(strategy: str) -> float:
+        run = runs.get(strategy)
+        return float(run["pages_per_s"]) if run is not None else math.nan
+
+    out: dict[str, Any] = {
+        "workers": workload.workers,
+        "hosts": workload.hosts,
+        "total_pages": workload.total_pages,
+        "expected_pages": next(iter(runs.values()))["expected"],
+        "zipf_s": workload.zipf_s,
+        "latency_scale": workload.latency_scale,
+        "seed": args.seed,
+        "repeats": workload.repeats,
+        "strategies": strategies,
+        "node_selection": layout.method,
+        "node_rows": layout.node_rows,
+        "host_columns": {str(h): c for h, c in layout.host_columns.items()},
+        "hosts_nearest_per_node": nearest.tolist(),
+        "mean_rtt_ms_all_pairs": _num(true.mean(), 2),
+        "mean_rtt_ms_nearest": _num(float((true.min(axis=0) * weights).sum() / weights.sum()), 2),
+        "mean_rtt_ms_uniform": _num(float((true.mean(axis=0) * weights).sum() / weights.sum()), 2),
+        "concurrent_requests": CONCURRENT,
+        "per_host_limit": PER_HOST,
+        "probe_rate": args.probe_rate,
+        "placement_interval_s": args.interval,
+        "reactor": reactor,
+        "extra_settings": extra,
+    }
+    for s in STRATEGIES:
+        run = runs.get(s)
+        out[f"pages_per_s_{s}"] = _num(run["pages_per_s"], 2) if run else None
+        out[f"pages_per_s_busy_{s}"] = _num(run["pages_per_s_busy"], 2) if run else None
+        out[f"mean_rtt_ms_{s}"] = _num(run["mean_rtt_ms"], 2) if run else None
+        out[f"lost_{s}"] = run["lost"] if run else None
+        out[f"dup_{s}"] = run["dup"] if run else None
+        out[f"partitions_moved_{s}"] = run["partitions_moved"] if run else None
+    for a, b in (("top1", "random"), ("top3", "random"), ("hungarian", "random"),
+                 ("oracle", "random"), ("hungarian", "oracle"), ("top3", "oracle")):  # fmt: skip
+        out[f"{a}_vs_{b}"] = _num(_common.ratio(rate(a), rate(b)))
+    top3 = out["top3_vs_random"]
+    hung = out["hungarian_vs_oracle"]
+    out["targets_met"] = None if top3 is None or hung is None else bool(top3 >= 1.5 and hung >= 0.9)
+    out["runs"] = {
+        name: {k: (_num(v) if isinstance(v, float) else v) for k, v in run.items()}
+        for name, run in runs.items()
+    }
+
+    print(f"{'':<11}{'pages/s':>9}{'busy':>8}{'wall s':>8}{'RTT ms':>8}{'lost':>6}{'dup':>5}"
+          f"{'moved':>7}{'probes':>8}")  # fmt: skip
+    for name, run in runs.items():
+        moved = run["partitions_moved"]
+        print(
+            f"{name:<11}{run['pages_per_s']:>9.1f}{run['pages_per_s_busy']:>8.1f}"
+            f"{run['wall_s']:>8.1f}{run['mean_rtt_ms']:>8.1f}{run['lost']:>6}{run['dup']:>5}"
+            f"{'-' if moved is None else moved:>7}{run['probes']:>8}"
+        )
+    print(
+        f"mean RTT per page: uniform over nodes {out['mean_rtt_ms_uniform']} ms, nearest node "
+        f"{out['mean_rtt_ms_nearest']} ms; hosts nearest to each node {nearest.tolist()}"
+    )
+    for label, key, target in (("top3 vs random", "top3_vs_random", 1.5),
+                               ("hungarian vs oracle", "hungarian_vs_oracle", 0.9)):  # fmt: skip
+        value = out[key]
+        if value is None:
+            print(f"{label}: not measured (strategy not run or no pages)")
+        else:
+            print(_common.target_line(label, value, target))
+    for key in ("top1_vs_random", "hungarian_vs_random", "oracle_vs_random", "top3_vs_oracle"):
+        if out[key] is not None:
+            print(f"{key}: {out[key]:.3g}x")
+    print(f"total time {time.perf_counter() - started:.1f} s")
+    _common.emit_json(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,7 +58,16 @@ What is measured
     Ratios: ``top1_vs_random``, ``top3_vs_random``, ``hungarian_vs_random``,
     ``hungarian_vs_oracle``, ``top3_vs_oracle`` (wall pages/s); targets
     (reported, never asserted): top3 >= 1.5x random and hungarian within
-    10 % of oracle (``targets_met``).
+    10 % of oracle (``targets_met``; null when a strategy was not run).
+    Also in the JSON: ``oracle_vs_random``; ``mean_rtt_ms_uniform`` (what a
+    network-blind placement pays on average) and ``mean_rtt_ms_nearest``
+    (every site on its nearest node: the floor), both weighted by the
+    sites' sizes; the layout (``node_rows``, ``host_columns``,
+    ``hosts_nearest_per_node``); and ``runs``, each strategy's details
+    (busy span, first response, tail, ``cpu_busy``, ``workers_cpu_s``,
+    ``mean_download_latency_ms``, pages per node, probes, exit codes,
+    a per-second timeline of the farm's request counter).  Strategies not
+    run are ``null``.
 
 Layout
     All choices are seeded by ``--seed`` (7).  The RTT matrix is symmetrised
@@ -87,7 +96,11 @@ Workload
     Caveat, on a 2-core machine: six Scrapy processes, their Redis I/O
     threads, redis-server and the farm saturate both cores during start-up
     (~8 s before the first response) and during the crawl's first seconds,
-    whatever the RTTs; ``cpu_busy`` (fraction of all cores busy, from
+    whatever the RTTs, and an idle worker keeps polling Redis (today its
+    drain check counts the queue and leases of every one of the 1,024
+    partitions every 0.5 s, ~45 ms of client CPU each time), so the long,
+    network-bound tail of a crawl with few busy workers is CPU-heavy too;
+    ``cpu_busy`` (fraction of all cores busy, from
     ``/proc/stat``) and ``workers_cpu_s`` are reported per run, and
     ``mean_download_latency_ms`` (Scrapy's ``download_latency``) next to the
     emulated ``mean_rtt_ms`` shows how much CPU queueing was added to the

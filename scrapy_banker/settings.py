@@ -11,6 +11,7 @@ object with ``get()``, which both :class:`scrapy.settings.Settings` and a plain
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -233,8 +234,10 @@ def _as_float(name: str, value: Any, minimum: float, *, strict: bool = True) -> 
         number = float(value)
     except (TypeError, ValueError):
         raise _bad(name, value, "expected a number") from None
-    if number != number or (number <= minimum if strict else number < minimum):
-        raise _bad(name, value, f"expected a number {'>' if strict else '>='} {minimum}")
+    if not math.isfinite(number) or (number <= minimum if strict else number < minimum):
+        # Infinity is refused too: every float setting is a rate, a duration or a
+        # fraction that later becomes an int or a timer, where inf would crash mid-crawl.
+        raise _bad(name, value, f"expected a finite number {'>' if strict else '>='} {minimum}")
     return number
 
 

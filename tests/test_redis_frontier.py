@@ -381,6 +381,37 @@ def test_outstanding_counts_queued_and_leased_requests_of_every_partition(
     assert frontier.outstanding() == 4  # dead letters are not outstanding
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 8, 100])
+def test_outstanding_in_chunks_counts_everything_or_answers_yes_no(
+    frontier: RedisFrontier, chunk: int
+) -> None:
+    assert frontier.outstanding(chunk=chunk) == 0
+    assert frontier.outstanding(any_=True, chunk=chunk) == 0
+    frontier.enqueue(7, "last", "x")  # only the last partition (in the last chunk) holds work
+    assert frontier.outstanding(any_=True, chunk=chunk) == 1
+    for p in (0, 1, 2, 5):
+        frontier.enqueue(p, f"fp{p}", "x")
+    assert frontier.outstanding(chunk=chunk) == 5
+    assert 1 <= frontier.outstanding(any_=True, chunk=chunk) <= 5
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 100])
+def test_reap_all_in_chunks_reaps_every_partition(frontier: RedisFrontier, chunk: int) -> None:
+    for p in range(8):
+        frontier.set_owner(p, "node-a", 1)
+        frontier.enqueue(p, f"fp{p}", "x")
+        frontier.pop(p, "node-a", 1)
+    assert frontier.reap_all("node-a", chunk=chunk) == (0, 0)  # leases still valid
+    time.sleep(0.4)
+    assert frontier.reap_all("node-a", chunk=chunk) == (8, 0)
+    for p in range(8):
+        frontier.pop(p, "node-a", 1)
+    time.sleep(0.4)
+    assert frontier.reap_all("node-a", chunk=chunk) == (0, 8)  # max_deliveries=2 reached
+    assert sum(len(frontier.dead_letters(p)) for p in range(8)) == 8
+    assert frontier.outstanding() == 0
+
+
 def test_clear_deletes_every_key_of_the_crawl_and_only_those(
     frontier: RedisFrontier, redis_client: redis.Redis
 ) -> None:

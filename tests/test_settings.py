@@ -156,9 +156,11 @@ def test_redis_settings_defaults_and_interpolation() -> None:
         ("BANKER_REDIS_PARTITIONS", 0, "integer >= 1"),
         ("BANKER_REDIS_NODE_ID", "a@b", "without '@'"),
         ("BANKER_REDIS_HEARTBEAT", 40.0, "at most half of BANKER_REDIS_LEASE_TTL"),
-        ("BANKER_REDIS_LEASE_TTL", -1, "expected a number > 0"),
+        ("BANKER_REDIS_LEASE_TTL", -1, "expected a finite number > 0"),
+        ("BANKER_REDIS_LEASE_TTL", float("inf"), "expected a finite number > 0"),
+        ("BANKER_REDIS_REAP_INTERVAL", "nan", "expected a finite number > 0"),
         ("BANKER_REDIS_CLUSTER", "maybe", "BANKER_REDIS_CLUSTER"),
-        ("BANKER_REDIS_IDLE_BEFORE_CLOSE", -0.5, "expected a number >= 0"),
+        ("BANKER_REDIS_IDLE_BEFORE_CLOSE", -0.5, "expected a finite number >= 0"),
         ("BANKER_REDIS_BUFFER", 0, "integer >= 1"),
     ],
 )

@@ -263,7 +263,7 @@ class FrontierWorker:
         popped = self._pop() if self.want > 0 and self.owned else 0
         if not flushed and not popped and self.local_idle and now >= self._next_drain_check:
             self._next_drain_check = now + 0.5
-            if self.frontier.outstanding() == 0 and not self.pending_ops():
+            if self.frontier.outstanding(any_=True) == 0 and not self.pending_ops():
                 if self.drained_since is None:
                     self.drained_since = now
             else:

@@ -133,15 +133,27 @@ def plan(
     dims: int = 3,
     seed: int = 0,
     tolerance: float = 0.1,
+    placed: Mapping[int, float] | None = None,
+    placed_out: dict[int, float] | None = None,
 ) -> dict[int, str]:
     """Owner for every partition whose site has an estimate for every live node.
 
-    ``current`` (partition -> owner) keeps a ``hungarian`` plan stable: the
-    new assignment replaces the current one only if it is more than
-    ``tolerance`` cheaper in total, so measurement noise does not make
-    partitions (and their leases) bounce between nodes.  ``top1`` and
-    ``topk`` are stable by construction (the random choice is seeded by the
-    partition number, not by the order sites were discovered).
+    ``current`` (partition -> owner) keeps plans stable, because every move
+    fences the partition's leases and measurements are noisy: ``top1``
+    keeps the current owner while its cost is within ``tolerance`` of the
+    cheapest; ``topk`` keeps it while it is one of the ``k`` cheapest (the
+    current owner of a never-placed partition is the hash owner, itself a
+    uniform random choice, so this is still the paper's Top-K random pick);
+    ``hungarian`` keeps the whole current assignment if it is balanced and
+    at most ``tolerance`` dearer in total, else re-solves.  With ``placed``
+    (partition -> its cost when a previous ``hungarian`` plan placed it, as
+    filled into ``placed_out``) a re-plan is
+    :func:`scrapy_banker.assignment.reassign`: placed partitions stay unless
+    their owner left, is over its target or drifted by more than
+    ``tolerance``; the rest (still where hashing put them) are solved for.
+    Without ``current``
+    the choice is seeded by the partition number, not by the order sites
+    were discovered.
     """
     if mode not in MODES:
         raise ValueError(f"unknown placement mode {mode!r}: use one of {', '.join(MODES)}")
@@ -162,27 +174,48 @@ def plan(
             site_cost = bw.T
     base = np.array([site_cost[col[obs.sites[p]]] for p in parts], dtype=np.float64)
     nodes = est.nodes
+    index = {n: i for i, n in enumerate(nodes)}
+    cur = [index.get((current or {}).get(p) or "", -1) for p in parts]
     if mode == "top1":
-        return {p: nodes[int(np.argmin(row))] for p, row in zip(parts, base, strict=True)}
+        out: dict[int, str] = {}
+        for p, row, c in zip(parts, base, cur, strict=True):
+            best = int(np.argmin(row))
+            keep = c >= 0 and row[c] <= (1.0 + tolerance) * row[best]
+            out[p] = nodes[c if keep else best]
+        return out
     if mode == "topk":
-        return {
-            p: nodes[assignment.top_k(row, k, np.random.default_rng([seed, p]))]
-            for p, row in zip(parts, base, strict=True)
-        }
+        out = {}
+        for p, row, c in zip(parts, base, cur, strict=True):
+            cheapest = np.argsort(row, kind="stable")[: max(1, k)]
+            if c >= 0 and c in cheapest:
+                out[p] = nodes[c]
+            else:
+                out[p] = nodes[assignment.top_k(row, k, np.random.default_rng([seed, p]))]
+        return out
     capacities = np.array([float(obs.capacities[n]) for n in nodes])
-    owners = assignment.assign_batched(base, capacities)
-    new = {p: nodes[int(o)] for p, o in zip(parts, owners, strict=True)}
-    if current:
-        index = {n: i for i, n in enumerate(nodes)}
-        cur = [index.get(current.get(p) or "", -1) for p in parts]
-        if all(c >= 0 for c in cur):
+    if placed is not None:
+        kept = np.array(
+            [c if c >= 0 and p in placed else -1 for p, c in zip(parts, cur, strict=True)],
+            dtype=np.int64,
+        )
+        was = np.array([float(placed.get(p, 0.0)) for p in parts], dtype=np.float64)
+        owners, _ = assignment.reassign(
+            base, kept, capacities, tolerance=tolerance, placed_cost=np.nan_to_num(was)
+        )
+    else:
+        owners = assignment.assign_batched(base, capacities)
+        if current and all(c >= 0 for c in cur):
             targets = assignment.targets(len(parts), capacities, len(nodes))
             counts = np.bincount(np.array(cur, dtype=np.int64), minlength=len(nodes))
             old_total = float(sum(base[r, c] for r, c in enumerate(cur)))
             new_total = float(base[np.arange(len(parts)), owners].sum())
             if (counts <= targets).all() and old_total <= (1.0 + tolerance) * new_total:
-                return {p: nodes[c] for p, c in zip(parts, cur, strict=True)}
-    return new
+                owners = np.array(cur, dtype=np.int64)
+    if placed_out is not None:
+        placed_out.update(
+            {p: float(base[r, int(o)]) for r, (p, o) in enumerate(zip(parts, owners, strict=False))}
+        )
+    return {p: nodes[int(o)] for p, o in zip(parts, owners, strict=True)}
 
 
 def moved(before: Mapping[int, str | None], after: Mapping[int, str]) -> int:

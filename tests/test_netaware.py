@@ -368,7 +368,7 @@ def test_errback_counts_probe_errors() -> None:
 def test_non_finite_probe_rate_is_refused_at_start_up_by_name(rate: Any) -> None:
     """Regression: inf used to pass validation and crash Prober with OverflowError."""
     crawler = _crawler({"BANKER_PROBE_RATE": rate, "BANKER_PROBE_SAMPLES": 1})
-    with pytest.raises(ValueError, match="BANKER_PROBE_RATE.*finite"):
+    with pytest.raises(ValueError, match=r"BANKER_PROBE_RATE.*finite"):
         load_placement_config(crawler.settings)
 
 

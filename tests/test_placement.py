@@ -107,6 +107,70 @@ def test_plans_are_stable_and_hungarian_keeps_a_good_enough_table() -> None:
     assert moved(first, after) >= sum(1 for n in first.values() if n == gone)
 
 
+def _two_sites(r0: tuple[float, float, float], r1: tuple[float, float, float]) -> Observations:
+    """Three nodes that all measured both sites: no GNP prediction involved."""
+    names = ("a", "b", "c")
+    return Observations(
+        capacities=dict.fromkeys(names, 1.0),
+        sites={0: "s0.test:80", 1: "s1.test:80"},
+        rtt_ms={n: {"s0.test:80": r0[i], "s1.test:80": r1[i]} for i, n in enumerate(names)},
+    )
+
+
+def test_top1_moves_only_when_the_gain_beats_the_tolerance() -> None:
+    obs = _two_sites((100.0, 105.0, 300.0), (100.0, 150.0, 300.0))
+    assert plan(obs, "top1") == {0: "a", 1: "a"}
+    # b is 5 % dearer than a for s0 (kept, noise), 50 % dearer for s1 (moved).
+    assert plan(obs, "top1", current={0: "b", 1: "b"}, tolerance=0.1) == {0: "b", 1: "a"}
+    assert plan(obs, "top1", current={0: "b", 1: "b"}, tolerance=0.0) == {0: "a", 1: "a"}
+    # An owner that is no longer live is replaced.
+    assert plan(obs, "top1", current={0: "gone", 1: None}) == {0: "a", 1: "a"}
+
+
+def test_topk_keeps_an_owner_among_the_k_cheapest_and_replaces_others() -> None:
+    obs = _two_sites((10.0, 20.0, 30.0), (30.0, 20.0, 10.0))
+    # c is among the 2 cheapest for s1 (kept) but the dearest for s0 (moved to a or b).
+    got = plan(obs, "topk", k=2, current={0: "c", 1: "c"})
+    assert got[1] == "c" and got[0] in {"a", "b"}
+    for seed in range(20):
+        kept = plan(obs, "topk", k=2, seed=seed, current={0: "b", 1: "b"})
+        assert kept == {0: "b", 1: "b"}
+
+
+@pytest.mark.parametrize("seed", [11, 12, 15])
+def test_hungarian_replan_of_placed_partitions_moves_the_minimum_when_a_node_joins(
+    seed: int,
+) -> None:
+    obs, _, names, _ = world(seed=seed)
+    without = Observations(
+        {n: c for n, c in obs.capacities.items() if n != "n5"}, obs.sites, obs.rtt_ms
+    )
+    placed: dict[int, float] = {}
+    first = plan(without, "hungarian", dims=2, placed_out=placed)
+    assert "n5" not in first.values() and placed.keys() == first.keys()
+    assert all(v > 0 for v in placed.values())
+    fresh = plan(obs, "hungarian", dims=2, current=first)  # no memory of what was placed
+    placed_again: dict[int, float] = {}
+    replan = plan(obs, "hungarian", dims=2, current=first, placed=placed, placed_out=placed_again)
+    counts = np.bincount([names.index(n) for n in replan.values()], minlength=6)
+    assert counts.max() - counts.min() <= 1  # the newcomer gets its share ...
+    before = np.bincount([names.index(n) for n in first.values()], minlength=6)
+    lower = int(np.maximum(before - counts, 0).sum())  # surplus that must move
+    assert lower <= moved(first, replan) <= lower + 2  # ... moving about that much
+    assert moved(first, fresh) >= 2 * moved(first, replan)  # a re-solve moves far more
+    # Nothing changed: nothing moves.
+    assert moved(replan, plan(obs, "hungarian", dims=2, current=replan, placed=placed_again)) == 0
+
+
+def test_hungarian_places_what_hashing_put_somewhere_even_with_placed_partitions() -> None:
+    obs, true, names, _ = world(seed=4)
+    hashed = {p: names[p % 6] for p in obs.sites}  # a network-blind start
+    placed = {p: 1.0 for p in list(obs.sites)[:5]}  # only five were placed before
+    got = plan(obs, "hungarian", dims=2, current=hashed, placed=placed)
+    assert moved(hashed, got) > 10
+    assert paid(got, true, names) < paid(hashed, true, names)
+
+
 def test_bandwidth_cost_prefers_fast_links_and_storage() -> None:
     caps = {"a": 1.0, "b": 1.0}
     sites = {1: "x:80", 2: "y:80"}

@@ -258,6 +258,36 @@ def test_full_planning_round_moves_sites_to_their_nearest_node(
     assert redis_client.get(registry.table_key) == state
 
 
+def test_hungarian_rounds_remember_placed_costs_and_then_move_only_what_must(
+    redis_client: redis.Redis, registry: NodeRegistry
+) -> None:
+    _two_nodes(registry)
+    table = registry.load_table()
+    x_part, y_part = table.owned_by("b")[0], table.owned_by("a")[0]
+    agent = _agent(redis_client, "a", placement="hungarian")
+    _plant_rtts(redis_client, agent)
+    agent.note_site(x_part, "x.test", "http")
+    agent.note_site(y_part, "y.test", "http")
+    assert redis_client.exists(agent.placed_key) == 0
+    assert len(agent.beat(registry)) == 2  # both start on their far node
+    placed = _decode(redis_client.hgetall(agent.placed_key))
+    assert {int(p): float(c) for p, c in placed.items()} == {x_part: 5.0, y_part: 4.0}
+    # Drift within the tolerance (10 %): the placed partitions stay.
+    redis_client.hset(agent.rtt_key("a"), mapping={"x.test": "5.4"})
+    assert agent.beat(registry) == []
+    # a's link to x.test degrades far beyond its placed cost: x is re-solved, but
+    # with one partition per node (hard, equal targets) a is still its only room.
+    redis_client.hset(agent.rtt_key("a"), mapping={"x.test": "400.0"})
+    assert agent.beat(registry) == []
+    placed = _decode(redis_client.hgetall(agent.placed_key))
+    assert float(placed[str(x_part)]) == 400.0  # re-placed at today's cost
+    # Garbage in the placed hash is tolerated, and rewritten away by the next round.
+    redis_client.hset(agent.placed_key, mapping={"zz": "1.0", str(y_part): "nan"})
+    assert agent.beat(registry) == []
+    placed = _decode(redis_client.hgetall(agent.placed_key))
+    assert placed.keys() == {str(x_part), str(y_part)} and float(placed[str(y_part)]) == 4.0
+
+
 def test_planning_respects_the_interval(redis_client: redis.Redis, registry: NodeRegistry) -> None:
     _two_nodes(registry)
     clock = FakeClock()

@@ -9,6 +9,8 @@ per heartbeat, so the reactor never waits on Redis:
   ``{prefix}:net:bw:{node}`` (netloc -> ms / bytes/s), its storage bandwidth
   BS (the patent's standard 100 KB object written three times) to
   ``{prefix}:net:bs``;
+* a ``hungarian`` plan records each placed partition's cost on its owner in
+  ``{prefix}:net:placed``, so the next plan moves only what drifted;
 * every ``BANKER_PLACEMENT_INTERVAL`` seconds one node (single-flight, under
   the registry's rebalance lock) reads what the fleet measured, runs
   :func:`scrapy_banker.placement.plan` and moves the partitions whose owner
@@ -78,12 +80,15 @@ class PlacementAgent:
         self.sites_key = f"{prefix}:sites"
         self.schemes_key = f"{prefix}:schemes"
         self.bs_key = f"{prefix}:net:bs"
+        #: partition -> its cost when a hungarian plan placed it (for minimal-move re-plans).
+        self.placed_key = f"{prefix}:net:placed"
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[str, str]] = {}
         self._noted: set[int] = set()
         self._published: dict[str, dict[str, float]] = {}
         self._storage_done = False
         self._next_plan = 0.0
+        self._placed_out: dict[int, float] = {}
         #: netloc -> scheme of every site the fleet knows (read by the prober).
         self.known: dict[str, str] = {}
         self.runs = 0
@@ -129,9 +134,17 @@ class PlacementAgent:
         if self.config.mode == "hash" or self.clock() < self._next_plan:
             return []
         self._next_plan = self.clock() + self.config.interval
+        self._placed_out = {}
         moves = registry.update(self.node, self._plan)
         if moves is None:
             return []
+        if self._placed_out:  # after the table was written: costs of the owners now in force
+            pipe = client.pipeline(transaction=False)
+            pipe.delete(self.placed_key)
+            pipe.hset(
+                self.placed_key, mapping={str(p): repr(c) for p, c in self._placed_out.items()}
+            )
+            pipe.execute()
         self.runs += 1
         if moves:
             logger.info("Placement (%s): %d partitions moved", self.config.mode, len(moves))
@@ -185,6 +198,14 @@ class PlacementAgent:
         valid = {p: s for p, s in obs.sites.items() if 0 <= p < table.size}
         obs = Observations(obs.capacities, valid, obs.rtt_ms, obs.bw_Bps, obs.storage_Bps)
         current = {p: table.owners[p] for p in valid}
+        hungarian = self.config.mode == "hungarian"
+        placed: dict[int, float] | None = None
+        if hungarian:
+            placed = {}
+            for key, cost in _floats(self.client.hgetall(self.placed_key)).items():
+                if key.isdigit():
+                    placed[int(key)] = cost
+        placed_out: dict[int, float] = {}
         owners = plan(
             obs,
             self.config.mode,
@@ -193,5 +214,8 @@ class PlacementAgent:
             current=current,
             dims=self.config.dims,
             tolerance=self.config.tolerance,
+            placed=placed or None,
+            placed_out=placed_out,
         )
+        self._placed_out = placed_out if hungarian else {}
         return table.assign({p: n for p, n in owners.items() if table.owners[p] != n})

@@ -22,6 +22,12 @@ What is measured
     * ``top3``: uniformly among the 3 nearest (the GNP paper's Top3);
     * ``hungarian``: batched Hungarian with equal per-node targets on the
       patent's ``(tasks + 1) / (BC + BS)`` cost over measured bandwidth;
+    * ``hungarian_rtt``: the same batched Hungarian on measured latency
+      (``BANKER_PLACEMENT_COST = "latency"``, the default).  Added because
+      the patent's cost sums crawl and storage bandwidth: a node's BS (a
+      100 KB ``SET`` to a local Redis, hundreds of MB/s) dwarfs its BC to a
+      site (kB/s for small pages), so ``1 / (BC + BS)`` barely depends on
+      the site and ``hungarian`` is nearly network-blind here;
     * ``oracle``: Hungarian on the latency cost, fed the TRUE RTTs: before
       the workers start, the benchmark writes every node x site RTT the farm
       will apply into ``{prefix}:net:rtt:{node}`` and every site's partition
@@ -56,7 +62,8 @@ What is measured
       (``banker/placement/moves`` summed over the workers; 0 for ``random``).
 
     Ratios: ``top1_vs_random``, ``top3_vs_random``, ``hungarian_vs_random``,
-    ``hungarian_vs_oracle``, ``top3_vs_oracle`` (wall pages/s); targets
+    ``hungarian_rtt_vs_random``, ``hungarian_vs_oracle``,
+    ``hungarian_rtt_vs_oracle``, ``top3_vs_oracle`` (wall pages/s); targets
     (reported, never asserted): top3 >= 1.5x random and hungarian within
     10 % of oracle (``targets_met``; null when a strategy was not run).
     Also in the JSON: ``oracle_vs_random``; ``mean_rtt_ms_uniform`` (what a
@@ -123,7 +130,7 @@ Usage::
     python benchmarks/placement.py           # the same, 3 runs per strategy (medians)
     python benchmarks/placement.py --tiny    # harness smoke test: 3 workers, 8 hosts
 
-``--strategies a,b`` (any of random, top1, top3, hungarian, oracle),
+``--strategies a,b`` (any of random, top1, top3, hungarian, hungarian_rtt, oracle),
 ``--seed``, ``--workers``, ``--repeats``, ``--hosts``, ``--pages``,
 ``--zipf``, ``--latency-scale``, ``--nodes`` and ``--set KEY=JSON`` (extra
 worker setting for every strategy) override the mode.  Progress goes to
@@ -151,7 +158,7 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
-STRATEGIES: tuple[str, ...] = ("random", "top1", "top3", "hungarian", "oracle")
+STRATEGIES: tuple[str, ...] = ("random", "top1", "top3", "hungarian", "hungarian_rtt", "oracle")
 SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
 NODE_HEADER_MW = "scrapy_banker.testing.wan.NodeHeaderMiddleware"
 MEASURE_MW = "scrapy_banker.netaware.NetworkMeasureMiddleware"
@@ -363,6 +370,8 @@ def strategy_settings(strategy: str) -> dict[str, Any]:
         return {"BANKER_PLACEMENT": "topk", "BANKER_PLACEMENT_TOPK": 3}
     if strategy == "hungarian":
         return {"BANKER_PLACEMENT": "hungarian", "BANKER_PLACEMENT_COST": "bandwidth"}
+    if strategy == "hungarian_rtt":
+        return {"BANKER_PLACEMENT": "hungarian", "BANKER_PLACEMENT_COST": "latency"}
     if strategy == "oracle":
         return {
             "BANKER_PLACEMENT": "hungarian",
@@ -788,7 +797,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out[f"dup_{s}"] = run["dup"] if run else None
         out[f"partitions_moved_{s}"] = run["partitions_moved"] if run else None
     for a, b in (("top1", "random"), ("top3", "random"), ("hungarian", "random"),
-                 ("oracle", "random"), ("hungarian", "oracle"), ("top3", "oracle")):  # fmt: skip
+                 ("hungarian_rtt", "random"), ("oracle", "random"), ("hungarian", "oracle"),
+                 ("hungarian_rtt", "oracle"), ("top3", "oracle")):  # fmt: skip
         out[f"{a}_vs_{b}"] = _num(_common.ratio(rate(a), rate(b)))
     top3 = out["top3_vs_random"]
     hung = out["hungarian_vs_oracle"]
@@ -798,12 +808,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, run in runs.items()
     }
 
-    print(f"{'':<11}{'pages/s':>9}{'busy':>8}{'wall s':>8}{'RTT ms':>8}{'lost':>6}{'dup':>5}"
+    print(f"{'':<14}{'pages/s':>9}{'busy':>8}{'wall s':>8}{'RTT ms':>8}{'lost':>6}{'dup':>5}"
           f"{'moved':>7}{'probes':>8}")  # fmt: skip
     for name, run in runs.items():
         moved = run["partitions_moved"]
         print(
-            f"{name:<11}{run['pages_per_s']:>9.1f}{run['pages_per_s_busy']:>8.1f}"
+            f"{name:<14}{run['pages_per_s']:>9.1f}{run['pages_per_s_busy']:>8.1f}"
             f"{run['wall_s']:>8.1f}{run['mean_rtt_ms']:>8.1f}{run['lost']:>6}{run['dup']:>5}"
             f"{'-' if moved is None else moved:>7}{run['probes']:>8}"
         )
@@ -818,7 +828,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{label}: not measured (strategy not run or no pages)")
         else:
             print(_common.target_line(label, value, target))
-    for key in ("top1_vs_random", "hungarian_vs_random", "oracle_vs_random", "top3_vs_oracle"):
+    for key in ("top1_vs_random", "hungarian_vs_random", "hungarian_rtt_vs_random",
+                "oracle_vs_random", "hungarian_rtt_vs_oracle", "top3_vs_oracle"):  # fmt: skip
         if out[key] is not None:
             print(f"{key}: {out[key]:.3g}x")
     print(f"total time {time.perf_counter() - started:.1f} s")

@@ -109,6 +109,11 @@ class Prober:
     the token bucket allows, so a landmark node never floods a site or the
     fleet's own downloader: ``BANKER_PROBE_RATE`` probes/s per node, each
     site ``BANKER_PROBE_SAMPLES`` times, enough for the denoised mean.
+    Breadth-first (every site once, then every site twice, ...), because the
+    planner can use a site from its first sample, and a crawl is short
+    compared with a landmark's whole probe schedule.  ``measured`` (the
+    node's latency samples per site, from crawl traffic too) spares the
+    probes of sites this node already crawls.
     """
 
     def __init__(
@@ -117,8 +122,10 @@ class Prober:
         send: Callable[[Request], Any],
         stats: StatsCollector,
         clock: Callable[[], float] = time.monotonic,
+        measured: Callable[[str], int] | None = None,
     ) -> None:
         self.config = config
+        self.measured = measured
         self.send = send
         self.stats = stats
         self.limiter = (
@@ -136,14 +143,22 @@ class Prober:
         if not self.config.landmark:
             sites = sites[: self.config.reference_sites]
         want = self.config.probe_samples
-        return [s for s in sites if self.sent.get(s, 0) < want]
+        return [s for s in sites if self._have(s) < want]
+
+    def _have(self, site: str) -> int:
+        sent = self.sent.get(site, 0)
+        return sent if self.measured is None else max(sent, self.measured(site))
 
     def tick(self) -> int:
         if self.limiter is None or self.config.mode == "hash":
             return 0
         sent = 0
-        for site in self.targets():
-            while self.sent.get(site, 0) < self.config.probe_samples:
+        while todo := self.targets():
+            have = {s: self._have(s) for s in todo}
+            low = min(have.values())
+            for site in todo:
+                if have[site] != low:
+                    continue
                 if not self.limiter.try_acquire():
                     return sent
                 self._probe(site)

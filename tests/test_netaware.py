@@ -294,8 +294,25 @@ def test_rate_limit_with_fake_clock() -> None:
         prober.tick()
     assert len(sender.requests) <= 2 + 1 + 2 + 2 + 2 * 2.0 + 1e-9
     assert len(sender.requests) == 11
-    # Sites are probed in name order, each to completion before the next.
-    assert sender.sites()[:6] == ["s00.test"] * 3 + ["s01.test"] * 3
+    # Breadth-first: every site once (in name order) before any site twice.
+    assert sender.sites() == sorted(SITES)[:11]
+
+
+def test_sites_already_measured_by_crawl_traffic_are_not_probed_again() -> None:
+    crawled = {"s00.test": 5, "s01.test": 1}
+    prober, sender, _, _ = _prober(
+        {"BANKER_GNP_LANDMARK": True, "BANKER_PROBE_SAMPLES": 3},
+        {"s00.test": "http", "s01.test": "http", "s02.test": "http"},
+    )
+    prober.measured = lambda site: crawled.get(site, 0)
+    # s00 has enough samples from its crawl; s01 too few, and the samples of probes
+    # still in flight are not known yet, so it is probed like an unmeasured site.
+    assert prober.tick() == 6
+    assert sorted(sender.sites()) == ["s01.test"] * 3 + ["s02.test"] * 3
+    assert prober.targets() == []
+    crawled["s03.test"] = 3
+    prober.update([("s03.test", "http")])
+    assert prober.tick() == 0
 
 
 def test_rate_zero_sends_nothing() -> None:

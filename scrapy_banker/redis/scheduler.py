@@ -110,7 +110,12 @@ class BankerRedisScheduler(BankerScheduler):
                 client, rconfig.prefix, self.node, self.pconfig, link_stats(crawler)
             )
             assert crawler.stats is not None
-            self.prober = Prober(self.pconfig, self._send_probe, crawler.stats)
+            self.prober = Prober(
+                self.pconfig,
+                self._send_probe,
+                crawler.stats,
+                measured=link_stats(crawler).samples,
+            )
         self.worker = FrontierWorker(
             self.redis_frontier,
             self.registry,

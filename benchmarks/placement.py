@@ -28,6 +28,12 @@ What is measured
       100 KB ``SET`` to a local Redis, hundreds of MB/s) dwarfs its BC to a
       site (kB/s for small pages), so ``1 / (BC + BS)`` barely depends on
       the site and ``hungarian`` is nearly network-blind here;
+    * ``oracle_top1``: every site on its truly nearest node (``top1`` fed
+      the true RTTs like ``oracle``).  ``oracle`` balances partition
+      *counts*, not pages, so with Zipf-sized sites it may put the largest
+      host on a far node and crawl no faster than ``random``;
+      ``oracle_top1`` is the better bound for this workload (per-host
+      limits, not node capacity, bound the crawl);
     * ``oracle``: Hungarian on the latency cost, fed the TRUE RTTs: before
       the workers start, the benchmark writes every node x site RTT the farm
       will apply into ``{prefix}:net:rtt:{node}`` and every site's partition
@@ -130,7 +136,8 @@ Usage::
     python benchmarks/placement.py           # the same, 3 runs per strategy (medians)
     python benchmarks/placement.py --tiny    # harness smoke test: 3 workers, 8 hosts
 
-``--strategies a,b`` (any of random, top1, top3, hungarian, hungarian_rtt, oracle),
+``--strategies a,b`` (any of random, top1, top3, hungarian, hungarian_rtt, oracle,
+oracle_top1),
 ``--seed``, ``--workers``, ``--repeats``, ``--hosts``, ``--pages``,
 ``--zipf``, ``--latency-scale``, ``--nodes`` and ``--set KEY=JSON`` (extra
 worker setting for every strategy) override the mode.  Progress goes to
@@ -158,7 +165,10 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
-STRATEGIES: tuple[str, ...] = ("random", "top1", "top3", "hungarian", "hungarian_rtt", "oracle")
+STRATEGIES: tuple[str, ...] = (
+    "random", "top1", "top3", "hungarian", "hungarian_rtt", "oracle", "oracle_top1"
+)  # fmt: skip
+ORACLES = ("oracle", "oracle_top1")
 SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
 NODE_HEADER_MW = "scrapy_banker.testing.wan.NodeHeaderMiddleware"
 MEASURE_MW = "scrapy_banker.netaware.NetworkMeasureMiddleware"
@@ -372,6 +382,12 @@ def strategy_settings(strategy: str) -> dict[str, Any]:
         return {"BANKER_PLACEMENT": "hungarian", "BANKER_PLACEMENT_COST": "bandwidth"}
     if strategy == "hungarian_rtt":
         return {"BANKER_PLACEMENT": "hungarian", "BANKER_PLACEMENT_COST": "latency"}
+    if strategy == "oracle_top1":
+        return {
+            "BANKER_PLACEMENT": "top1",
+            "BANKER_PROBE_RATE": 0,
+            "BANKER_NET_MEASURE": False,
+        }
     if strategy == "oracle":
         return {
             "BANKER_PLACEMENT": "hungarian",
@@ -474,7 +490,7 @@ def run_fleet(
     client = redis.Redis.from_url(redis_url)
     client.flushall()
     farm.reset()
-    if strategy == "oracle":
+    if strategy in ORACLES:
         prefix, partitions = site_partitions(seeds, settings[0])
         seed_oracle(client, prefix, partitions, true_ms)
     client.close()
@@ -798,7 +814,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         out[f"partitions_moved_{s}"] = run["partitions_moved"] if run else None
     for a, b in (("top1", "random"), ("top3", "random"), ("hungarian", "random"),
                  ("hungarian_rtt", "random"), ("oracle", "random"), ("hungarian", "oracle"),
-                 ("hungarian_rtt", "oracle"), ("top3", "oracle")):  # fmt: skip
+                 ("hungarian_rtt", "oracle"), ("top3", "oracle"),
+                 ("oracle_top1", "random"), ("top3", "oracle_top1"),
+                 ("top1", "oracle_top1")):  # fmt: skip
         out[f"{a}_vs_{b}"] = _num(_common.ratio(rate(a), rate(b)))
     top3 = out["top3_vs_random"]
     hung = out["hungarian_vs_oracle"]
@@ -829,7 +847,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(_common.target_line(label, value, target))
     for key in ("top1_vs_random", "hungarian_vs_random", "hungarian_rtt_vs_random",
-                "oracle_vs_random", "hungarian_rtt_vs_oracle", "top3_vs_oracle"):  # fmt: skip
+                "oracle_vs_random", "hungarian_rtt_vs_oracle", "top3_vs_oracle",
+                "oracle_top1_vs_random", "top3_vs_oracle_top1", "top1_vs_oracle_top1"):  # fmt: skip
         if out[key] is not None:
             print(f"{key}: {out[key]:.3g}x")
     print(f"total time {time.perf_counter() - started:.1f} s")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+import zlib
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
@@ -123,9 +124,13 @@ class Prober:
         stats: StatsCollector,
         clock: Callable[[], float] = time.monotonic,
         measured: Callable[[str], int] | None = None,
+        node: str = "",
     ) -> None:
         self.config = config
         self.measured = measured
+        #: Each node walks the sites from its own starting point, so the landmarks
+        #: of a fleet do not all probe the same host at the same moment.
+        self.offset = zlib.crc32(node.encode("utf-8"))
         self.send = send
         self.stats = stats
         self.limiter = (
@@ -142,6 +147,9 @@ class Prober:
         sites = sorted(self.known)
         if not self.config.landmark:
             sites = sites[: self.config.reference_sites]
+        if sites:
+            start = self.offset % len(sites)
+            sites = sites[start:] + sites[:start]
         want = self.config.probe_samples
         return [s for s in sites if self._have(s) < want]
 

@@ -298,6 +298,22 @@ def test_rate_limit_with_fake_clock() -> None:
     assert sender.sites() == sorted(SITES)[:11]
 
 
+def test_nodes_start_their_probe_rounds_at_different_sites() -> None:
+    crawler = _crawler(
+        {"BANKER_GNP_LANDMARK": True, "BANKER_PROBE_SAMPLES": 1, "BANKER_PROBE_RATE": 1000.0}
+    )
+    config = load_placement_config(crawler.settings)
+    firsts = set()
+    for node in ("n0", "n1", "n2", "n3"):
+        sender = Sender()
+        prober = Prober(config, sender, crawler.stats, clock=FakeClock(), node=node)
+        prober.update(SITES.items())
+        assert prober.tick() == len(SITES)
+        assert sorted(sender.sites()) == sorted(SITES)  # every site, once
+        firsts.add(sender.sites()[0])
+    assert len(firsts) > 1
+
+
 def test_sites_already_measured_by_crawl_traffic_are_not_probed_again() -> None:
     crawled = {"s00.test": 5, "s01.test": 1}
     prober, sender, _, _ = _prober(

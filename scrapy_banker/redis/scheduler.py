@@ -115,6 +115,7 @@ class BankerRedisScheduler(BankerScheduler):
                 self._send_probe,
                 crawler.stats,
                 measured=link_stats(crawler).samples,
+                node=self.node,
             )
         self.worker = FrontierWorker(
             self.redis_frontier,

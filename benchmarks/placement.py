@@ -109,10 +109,11 @@ Workload
     Caveat, on a 2-core machine: six Scrapy processes, their Redis I/O
     threads, redis-server and the farm saturate both cores during start-up
     (~8 s before the first response) and during the crawl's first seconds,
-    whatever the RTTs, and an idle worker keeps polling Redis (today its
-    drain check counts the queue and leases of every one of the 1,024
-    partitions every 0.5 s, ~45 ms of client CPU each time), so the long,
-    network-bound tail of a crawl with few busy workers is CPU-heavy too;
+    whatever the RTTs, and an idle worker keeps polling Redis (its drain
+    check now stops at the first non-empty chunk of 128 partitions and the
+    reaper sends 128 partitions per round trip; before, both walked all
+    1,024 partitions one by one and a crawl took about twice as long), so
+    the tail of a crawl with few busy workers still costs some CPU;
     ``cpu_busy`` (fraction of all cores busy, from
     ``/proc/stat``) and ``workers_cpu_s`` are reported per run, and
     ``mean_download_latency_ms`` (Scrapy's ``download_latency``) next to the

@@ -141,6 +141,7 @@ class Prober:
         #: site -> scheme, as published by the fleet (set by the scheduler).
         self.known: dict[str, str] = {}
         self.sent: dict[str, int] = {}
+        self._done_at = -1
 
     def targets(self) -> list[str]:
         """Sites still short of probes: all for a landmark, else the reference sites."""
@@ -160,8 +161,16 @@ class Prober:
     def tick(self) -> int:
         if self.limiter is None or self.config.mode == "hash":
             return 0
+        if self._done_at == len(self.known):  # nothing new since every site was probed
+            return 0
         sent = 0
-        while todo := self.targets():
+        while True:
+            todo = self.targets()
+            if not todo:
+                # Sites are only ever added, and a site's samples only grow, so the
+                # sort of a broad crawl's sites is skipped until a new site shows up.
+                self._done_at = len(self.known)
+                return sent
             have = {s: self._have(s) for s in todo}
             low = min(have.values())
             for site in todo:
@@ -171,7 +180,6 @@ class Prober:
                     return sent
                 self._probe(site)
                 sent += 1
-        return sent
 
     def _probe(self, site: str) -> None:
         self.sent[site] = self.sent.get(site, 0) + 1

@@ -329,6 +329,9 @@ def test_sites_already_measured_by_crawl_traffic_are_not_probed_again() -> None:
     crawled["s03.test"] = 3
     prober.update([("s03.test", "http")])
     assert prober.tick() == 0
+    prober.update([("s04.test", "http")])  # a new site: probed although the others were done
+    assert prober.tick() == 3
+    assert prober.tick() == 0
 
 
 def test_rate_zero_sends_nothing() -> None:

@@ -507,6 +507,7 @@ def reassign(
     tolerance: float = 0.1,
     batch: int | None = None,
     placed_cost: npt.ArrayLike | None = None,
+    load_weight: float = 1.0,
 ) -> tuple[IntArray, int]:
     """Re-place tasks after nodes join or leave, or costs drift, moving as few as possible.
 
@@ -523,8 +524,8 @@ def reassign(
     When a node has more candidates than its target, it keeps those for
     which it is relatively cheapest (cost / task's best cost), so the tasks
     with most to gain are the ones that move.  All other tasks are placed
-    with :func:`assign_batched`'s batches into the room left, and keep their
-    node if the solver gives it back to them.
+    with :func:`assign_batched`'s batches (and its ``load_weight``) into the
+    room left, and keep their node if the solver gives it back to them.
 
     Drift is measured against the task's own placed cost, not against its
     cheapest node: under balanced targets most tasks legitimately sit on a
@@ -587,6 +588,6 @@ def reassign(
     if loose.size:
         sub = cost[loose]
         sequence = loose[_regret_order(sub)]
-        _place(cost, room, load, sequence, size, 1.0, owners)
+        _place(cost, room, load, sequence, size, _load_weight(load_weight), owners)
     moved = int(np.count_nonzero(alive & (owners != now)))
     return owners, moved

@@ -230,9 +230,7 @@ class FrontierWorker:
             if busy:
                 self._idle_sleep = 0.0
                 continue
-            self._idle_sleep = min(
-                self.idle_backoff_max_s, max(0.02, self._idle_sleep * 2 or 0.02)
-            )
+            self._idle_sleep = min(self.idle_backoff_max_s, max(0.02, self._idle_sleep * 2 or 0.02))
             self._count("banker/redis/idle_waits")
             self._wake.wait(self._idle_sleep)
             self._wake.clear()
@@ -418,4 +416,3 @@ class FrontierWorker:
             if self.on_ready is not None:
                 self.on_ready()
         return got
-

@@ -95,6 +95,8 @@ _WORDS: Final = (
     b"in reprehenderit voluptate velit esse cillum fugiat nulla pariatur excepteur sint "
     b"occaecat cupidatat non proident sunt culpa qui officia deserunt mollit anim id est"
 ).split()
+
+
 def _int_keys(raw: Mapping[Any, Any], what: str) -> dict[int, float]:
     """Normalise a host-index mapping; JSON turns int keys into strings."""
     out: dict[int, float] = {}

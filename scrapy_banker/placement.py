@@ -11,8 +11,9 @@ owner for every partition whose site is known:
   cannot measure each other at the application level, so the coordinates
   come from the one-way node x site matrix (:func:`scrapy_banker.gnp.fit_bipartite`):
   landmark nodes probe every site, the others a few reference sites.
-* :func:`plan` -- ``top1`` (the nearest node), ``topk`` (uniform among the
-  k nearest, the GNP paper's Top3, for load balance), or ``hungarian``
+* :func:`plan` -- ``top1`` (the nearest node), ``topk`` (among the k
+  nearest, for load balance: the least loaded, heaviest partitions first,
+  or the GNP paper's uniform Top3 draw), or ``hungarian``
   (batched Hungarian with hard per-node targets on a latency cost or on
   the patent's ``(tasks + 1) / (BC + BS)`` bandwidth cost).
 
@@ -31,9 +32,11 @@ from scrapy_banker import assignment, gnp
 
 FloatArray = npt.NDArray[np.float64]
 
-__all__ = ["COSTS", "MODES", "Estimate", "Observations", "estimate_rtt", "moved", "plan"]
+__all__ = ["CHOICES", "COSTS", "MODES", "Estimate", "Observations", "estimate_rtt", "moved", "plan"]
 
 MODES = ("hash", "top1", "topk", "hungarian")
+#: How ``topk`` picks among the k cheapest nodes.
+CHOICES = ("least_loaded", "random")
 #: Site partitions up to which a hungarian plan is solved exactly (one
 #: partitions x slots assignment, ~0.05 s at 1,024); batched beyond.
 EXACT_MAX = 1024
@@ -138,6 +141,8 @@ def plan(
     tolerance: float = 0.1,
     placed: Mapping[int, float] | None = None,
     placed_out: dict[int, float] | None = None,
+    choice: str = "least_loaded",
+    backlog: Mapping[int, int] | None = None,
 ) -> dict[int, str]:
     """Owner for every partition whose site has an estimate for every live node.
 
@@ -146,7 +151,13 @@ def plan(
     keeps the current owner while its cost is within ``tolerance`` of the
     cheapest; ``topk`` keeps it while it is one of the ``k`` cheapest (the
     current owner of a never-placed partition is the hash owner, itself a
-    uniform random choice, so this is still the paper's Top-K random pick);
+    uniform random choice, so this is still the paper's Top-K random pick)
+    with ``choice="random"``; with ``"least_loaded"`` (the default) ``topk``
+    places partitions heaviest first (``backlog``: requests queued or
+    leased per partition, plus one) onto the least-loaded of their k
+    cheapest nodes, see
+    :func:`scrapy_banker.assignment.assign_top_k_least_loaded`, keeping the
+    current owner while it is a candidate within ``tolerance`` of the best;
     ``hungarian`` keeps the whole current assignment if it is balanced and
     at most ``tolerance`` dearer in total, else re-solves.  With ``placed``
     (partition -> its cost when a previous ``hungarian`` plan placed it, as
@@ -159,6 +170,8 @@ def plan(
     """
     if mode not in MODES:
         raise ValueError(f"unknown placement mode {mode!r}: use one of {', '.join(MODES)}")
+    if choice not in CHOICES:
+        raise ValueError(f"unknown top-k choice {choice!r}: use one of {', '.join(CHOICES)}")
     if cost not in COSTS:
         raise ValueError(f"unknown placement cost {cost!r}: use one of {', '.join(COSTS)}")
     if mode == "hash" or not obs.capacities or not obs.sites:
@@ -178,6 +191,7 @@ def plan(
     nodes = est.nodes
     index = {n: i for i, n in enumerate(nodes)}
     cur = [index.get((current or {}).get(p) or "", -1) for p in parts]
+    capacities = np.array([float(obs.capacities[n]) for n in nodes])
     if mode == "top1":
         out: dict[int, str] = {}
         for p, row, c in zip(parts, base, cur, strict=True):
@@ -185,6 +199,18 @@ def plan(
             keep = c >= 0 and row[c] <= (1.0 + tolerance) * row[best]
             out[p] = nodes[c if keep else best]
         return out
+    if mode == "topk" and choice == "least_loaded":
+        weights = np.array([1.0 + max(0, int((backlog or {}).get(p, 0))) for p in parts])
+        owners = assignment.assign_top_k_least_loaded(
+            base,
+            weights,
+            k,
+            capacities=capacities,
+            current=np.array(cur, dtype=np.int64),
+            tolerance=tolerance,
+            seed=seed,
+        )
+        return {p: nodes[int(o)] for p, o in zip(parts, owners, strict=True)}
     if mode == "topk":
         out = {}
         for p, row, c in zip(parts, base, cur, strict=True):
@@ -194,7 +220,6 @@ def plan(
             else:
                 out[p] = nodes[assignment.top_k(row, k, np.random.default_rng([seed, p]))]
         return out
-    capacities = np.array([float(obs.capacities[n]) for n in nodes])
     # Up to EXACT_MAX partitions, one batch without the load factor is the exact
     # balanced optimum (targets hold as hard slot counts); the batched heuristic
     # (90 ms per site against the exact 73 ms on the fleet test's layout) is kept for more.

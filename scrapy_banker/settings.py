@@ -112,6 +112,7 @@ DEFAULTS: dict[str, Any] = {
     # Network-aware placement (GNP coordinates, httpping, Hungarian assignment).
     "BANKER_PLACEMENT": "hash",
     "BANKER_PLACEMENT_TOPK": 3,
+    "BANKER_PLACEMENT_TOPK_CHOICE": "least_loaded",
     "BANKER_PLACEMENT_COST": "latency",
     "BANKER_PLACEMENT_INTERVAL": 10.0,
     "BANKER_PLACEMENT_TOLERANCE": 0.1,
@@ -550,6 +551,7 @@ class PlacementConfig:
 
     mode: str
     topk: int
+    topk_choice: str
     cost: str
     interval: float
     tolerance: float
@@ -566,11 +568,14 @@ class PlacementConfig:
 
 def load_placement_config(settings: SettingsLike) -> PlacementConfig:
     """Validate ``BANKER_PLACEMENT*``, ``BANKER_GNP_*`` and ``BANKER_PROBE_*``."""
-    from scrapy_banker.placement import COSTS, MODES
+    from scrapy_banker.placement import CHOICES, COSTS, MODES
 
     mode = _get(settings, "BANKER_PLACEMENT")
     if mode not in MODES:
         raise _bad("BANKER_PLACEMENT", mode, f"expected one of {', '.join(MODES)}")
+    choice = _get(settings, "BANKER_PLACEMENT_TOPK_CHOICE")
+    if choice not in CHOICES:
+        raise _bad("BANKER_PLACEMENT_TOPK_CHOICE", choice, f"expected one of {', '.join(CHOICES)}")
     cost = _get(settings, "BANKER_PLACEMENT_COST")
     if cost not in COSTS:
         raise _bad("BANKER_PLACEMENT_COST", cost, f"expected one of {', '.join(COSTS)}")
@@ -580,6 +585,7 @@ def load_placement_config(settings: SettingsLike) -> PlacementConfig:
     return PlacementConfig(
         mode=mode,
         topk=_as_positive_int("BANKER_PLACEMENT_TOPK", _get(settings, "BANKER_PLACEMENT_TOPK")),
+        topk_choice=choice,
         cost=cost,
         interval=_as_float(
             "BANKER_PLACEMENT_INTERVAL", _get(settings, "BANKER_PLACEMENT_INTERVAL"), 0.0

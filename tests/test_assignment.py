@@ -30,6 +30,7 @@ from scrapy_banker.assignment import (
     IntArray,
     assign_batched,
     assign_top_k,
+    assign_top_k_least_loaded,
     cheapest,
     hungarian_reference,
     patent_cost,
@@ -259,6 +260,87 @@ def test_assign_top_k_errors() -> None:
     with pytest.raises(ValueError, match="NaN"):
         assign_top_k([[np.nan]], 1)
     assert assign_top_k(np.ones((0, 3)), 2).shape == (0,)
+
+
+def test_least_loaded_top_k_is_longest_first_list_scheduling_on_each_tasks_k_nearest() -> None:
+    rng = np.random.default_rng(5)
+    cost = rng.uniform(20.0, 300.0, size=(200, 6))
+    weights = np.floor(200.0 / np.arange(1, 201))  # Zipf-sized tasks
+    owners = assign_top_k_least_loaded(cost, weights, 3, seed=1)
+    assert owners.dtype == np.int64
+    ranks = np.argsort(np.argsort(cost, axis=1, kind="stable"), axis=1)
+    assert np.all(ranks[np.arange(200), owners] < 3)  # only ever one of the 3 cheapest
+    assert owners[0] == cost[0].argmin()  # the heaviest task gets its cheapest node
+    # Replaying the rule by hand gives the same choices.
+    load = np.zeros(6)
+    for t in range(200):
+        cand = np.argsort(cost[t], kind="stable")[:3]
+        after = load[cand] + weights[t] * cost[t, cand]
+        assert owners[t] in cand[after == after.min()]
+        load[owners[t]] += weights[t] * cost[t, owners[t]]
+
+    # Its busiest node finishes sooner than the uniform draw's, on average.
+    def makespan(o: IntArray) -> float:
+        return float(np.bincount(o, weights * cost[np.arange(200), o], minlength=6).max())
+
+    uniform = [makespan(assign_top_k(cost, 3, seed=s)) for s in range(20)]
+    assert makespan(owners) < 0.8 * float(np.mean(uniform))
+    np.testing.assert_array_equal(
+        assign_top_k_least_loaded(cost, weights, 3, seed=1), owners
+    )  # deterministic
+
+
+def test_least_loaded_top_k_capacity_current_and_tolerance() -> None:
+    cost = np.full((4, 2), 10.0)
+    # Node 1 has three times the capacity: it takes three of four equal tasks.
+    for seed in range(5):
+        owners = assign_top_k_least_loaded(cost, [1, 1, 1, 1], 2, capacities=[1.0, 3.0], seed=seed)
+        assert sorted(owners.tolist()) == [0, 1, 1, 1]
+    two = np.array([[10.0, 10.5], [30.0, 20.0]])
+    assert assign_top_k_least_loaded(two, [1, 1], 2).tolist() == [0, 1]
+    # The current owner of task 0 is 5 % dearer: kept within a 10 % tolerance, not at 0.
+    kept = assign_top_k_least_loaded(two, [1, 1], 2, current=[1, -1], tolerance=0.1)
+    assert kept[0] == 1
+    moved = assign_top_k_least_loaded(two, [1, 1], 2, current=[1, -1], tolerance=0.0)
+    assert moved[0] == 0
+    # An owner outside the k cheapest is never kept.
+    assert assign_top_k_least_loaded(two, [1, 1], 1, current=[1, 0], tolerance=9.0).tolist() == [
+        0,
+        1,
+    ]
+    # Zero-weight tasks follow the loads of the others: onto the idle node.
+    assert assign_top_k_least_loaded(two, [5, 0], 2)[1] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"weights": [1.0]}, r"weights must have one entry per task \(2\)"),
+        ({"weights": [1.0, -1.0]}, "weights must be non-negative"),
+        ({"weights": [1.0, np.nan]}, "weights contains NaN"),
+        ({"k": 0}, "k must be an integer >= 1"),
+        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"tolerance": -0.1}, "tolerance must be a finite number >= 0"),
+        ({"tolerance": np.inf}, "tolerance must be a finite number >= 0"),
+        ({"capacities": [1.0, 0.0]}, "capacities must be 2 numbers > 0"),
+        ({"capacities": [1.0]}, "capacities must be 2 numbers > 0"),
+        ({"current": [0]}, "current must have one owner index per task"),
+    ],
+)
+def test_least_loaded_top_k_errors(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"weights": [1.0, 1.0], "k": 1, **kwargs}
+    weights = args.pop("weights")
+    k = args.pop("k")
+    with pytest.raises(ValueError, match=message):
+        assign_top_k_least_loaded(np.ones((2, 2)), weights, k, **args)  # type: ignore[arg-type]
+
+
+def test_least_loaded_top_k_edge_cases() -> None:
+    assert assign_top_k_least_loaded(np.ones((0, 3)), [], 2).shape == (0,)
+    with pytest.raises(ValueError, match="no node"):
+        assign_top_k_least_loaded(np.ones((2, 0)), [1, 1], 1)
+    with pytest.raises(ValueError, match="base_cost must be non-negative"):
+        assign_top_k_least_loaded([[-1.0]], [1], 1)
 
 
 # -- targets and batched assignment ----------------------------------------------------------

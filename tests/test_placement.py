@@ -127,14 +127,86 @@ def test_top1_moves_only_when_the_gain_beats_the_tolerance() -> None:
     assert plan(obs, "top1", current={0: "gone", 1: None}) == {0: "a", 1: "a"}
 
 
-def test_topk_keeps_an_owner_among_the_k_cheapest_and_replaces_others() -> None:
+def test_random_topk_keeps_an_owner_among_the_k_cheapest_and_replaces_others() -> None:
     obs = _two_sites((10.0, 20.0, 30.0), (30.0, 20.0, 10.0))
     # c is among the 2 cheapest for s1 (kept) but the dearest for s0 (moved to a or b).
-    got = plan(obs, "topk", k=2, current={0: "c", 1: "c"})
+    got = plan(obs, "topk", k=2, current={0: "c", 1: "c"}, choice="random")
     assert got[1] == "c" and got[0] in {"a", "b"}
     for seed in range(20):
-        kept = plan(obs, "topk", k=2, seed=seed, current={0: "b", 1: "b"})
+        kept = plan(obs, "topk", k=2, seed=seed, current={0: "b", 1: "b"}, choice="random")
         assert kept == {0: "b", 1: "b"}
+
+
+def test_least_loaded_topk_keeps_an_owner_only_within_the_tolerance() -> None:
+    obs = _two_sites((10.0, 10.5, 30.0), (30.0, 20.0, 10.0))
+    # Both idle nodes: each site goes to its cheapest candidate...
+    assert plan(obs, "topk", k=2) == {0: "a", 1: "c"}
+    # ...but b, 5 % dearer for s0, is kept there (noise); for s1 it is 2x dearer: moved.
+    assert plan(obs, "topk", k=2, current={0: "b", 1: "b"}) == {0: "b", 1: "c"}
+    assert plan(obs, "topk", k=2, current={0: "b", 1: "b"}, tolerance=0.0) == {0: "a", 1: "c"}
+
+
+def _zipf_world() -> tuple[Observations, dict[int, int]]:
+    """Node a is nearest to every site; one site holds most of the work."""
+    names = ("a", "b", "c", "d")
+    sites = {p: f"s{p}.test:80" for p in range(12)}
+    rtt = {n: {s: 50.0 + 40.0 * i + p for p, s in sites.items()} for i, n in enumerate(names)}
+    obs = Observations(dict.fromkeys(names, 1.0), sites, rtt)
+    backlog = {p: 2 for p in sites}
+    backlog[7] = 200  # the dominant site
+    return obs, backlog
+
+
+def test_least_loaded_topk_puts_the_heaviest_site_on_its_nearest_node_and_spreads_the_rest() -> (
+    None
+):
+    obs, backlog = _zipf_world()
+    got = plan(obs, "topk", k=3, backlog=backlog)
+    assert got[7] == "a"
+    # a is busy with the big site: the light ones go to the other two candidates.
+    assert all(got[p] in {"b", "c"} for p in got if p != 7)
+    assert {got[p] for p in got if p != 7} == {"b", "c"}
+    # The paper's uniform draw puts the big site on a far node for most seeds.
+    far = sum(
+        plan(obs, "topk", k=3, seed=seed, backlog=backlog, choice="random")[7] != "a"
+        for seed in range(30)
+    )
+    assert far > 10
+    # Without backlog every partition weighs one: the 3 nearest share the time
+    # (sum of RTTs), not the count -- the nearer a node, the more sites it takes.
+    even = plan(obs, "topk", k=3)
+    assert set(even.values()) == {"a", "b", "c"}
+    load = {n: sum(obs.rtt_ms[n][obs.sites[p]] for p, v in even.items() if v == n) for n in "abc"}
+    assert max(load.values()) - min(load.values()) <= 150.0  # at most one site's cost apart
+    counts = [sum(1 for v in even.values() if v == n) for n in "abc"]
+    assert counts[0] > counts[2]
+
+
+def test_least_loaded_topk_replans_move_little_while_backlogs_drain() -> None:
+    rng = np.random.default_rng(4)
+    names = [f"n{i}" for i in range(5)]
+    sites = {p: f"s{p}.test:80" for p in range(60)}
+    rtt = {n: {s: float(rng.uniform(20, 300)) for s in sites.values()} for n in names}
+    obs = Observations(dict.fromkeys(names, 1.0), sites, rtt)
+    backlog = {p: int(300 / (p + 1)) for p in sites}  # Zipf-sized
+    first = plan(obs, "topk", k=3, backlog=backlog)
+    total = 0
+    current = first
+    for _ in range(5):  # five plans while every queue drains a little
+        backlog = {p: max(0, b - int(rng.integers(0, 4))) for p, b in backlog.items()}
+        again = plan(obs, "topk", k=3, backlog=backlog, current=current)
+        total += moved(current, again)
+        current = again
+    assert current[0] == first[0]  # the dominant site never leaves its node
+    assert total <= 6  # a few light partitions at most, over five re-plans
+    fresh = moved(first, plan(obs, "topk", k=3, backlog=backlog))
+    assert fresh > total + 5  # a plan from scratch on the drained backlogs reshuffles more
+
+
+def test_plan_rejects_an_unknown_topk_choice() -> None:
+    obs, _ = _zipf_world()
+    with pytest.raises(ValueError, match=r"unknown top-k choice 'best'.*least_loaded, random"):
+        plan(obs, "topk", choice="best")
 
 
 @pytest.mark.parametrize("seed", [11, 12, 15])
@@ -211,6 +283,11 @@ def test_nothing_known_means_no_plan_and_bad_modes_fail() -> None:
         ("BANKER_PLACEMENT", "nearest", r"BANKER_PLACEMENT='nearest'.*hash, top1, topk"),
         ("BANKER_PLACEMENT_COST", "money", r"BANKER_PLACEMENT_COST='money'.*latency"),
         ("BANKER_PLACEMENT_TOPK", 0, r"BANKER_PLACEMENT_TOPK=0.*>= 1"),
+        (
+            "BANKER_PLACEMENT_TOPK_CHOICE",
+            "uniform",
+            r"BANKER_PLACEMENT_TOPK_CHOICE='uniform'.*least_loaded, random",
+        ),
         ("BANKER_PROBE_PATH", "robots.txt", r"BANKER_PROBE_PATH='robots.txt'.*'/'"),
         ("BANKER_PROBE_RATE", -1, r"BANKER_PROBE_RATE=-1.*>= 0"),
         ("BANKER_NET_WINDOW", 2, r"BANKER_NET_WINDOW=2.*>= 3"),

@@ -396,6 +396,21 @@ def test_outstanding_in_chunks_counts_everything_or_answers_yes_no(
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 100])
+def test_backlog_counts_queued_and_leased_requests_per_asked_partition(
+    frontier: RedisFrontier, chunk: int
+) -> None:
+    for p, n in ((0, 2), (3, 3), (7, 1)):
+        frontier.set_owner(p, "node-a", 1)
+        for i in range(n):
+            frontier.enqueue(p, f"fp{p}-{i}", "x")
+    frontier.pop(3, "node-a", 1, count=2)  # leased: still work the partition carries
+    assert frontier.backlog([0, 3, 5, 7], chunk=chunk) == {0: 2, 3: 3, 5: 0, 7: 1}
+    # Out-of-range and repeated partitions are ignored, not asked for.
+    assert frontier.backlog([3, 3, -1, 8, 99], chunk=chunk) == {3: 3}
+    assert frontier.backlog([], chunk=chunk) == {}
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 100])
 def test_reap_all_in_chunks_reaps_every_partition(frontier: RedisFrontier, chunk: int) -> None:
     for p in range(8):
         frontier.set_owner(p, "node-a", 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import Any
 
 import pytest
@@ -288,22 +289,79 @@ def test_hungarian_rounds_remember_placed_costs_and_then_move_only_what_must(
     assert placed.keys() == {str(x_part), str(y_part)} and float(placed[str(y_part)]) == 4.0
 
 
+def test_least_loaded_topk_round_weighs_partitions_by_their_backlog_in_redis(
+    redis_client: redis.Redis, registry: NodeRegistry
+) -> None:
+    # Three nodes; a is the nearest to both sites, c the farthest.
+    for node in ("a", "b", "c"):
+        registry.register(node)
+    registry.rebalance("a")
+    frontier = registry.frontier
+    table = registry.load_table()
+    big, small = table.owned_by("c")[0], table.owned_by("b")[0]
+    agent = PlacementAgent(
+        redis_client,
+        PREFIX,
+        "a",
+        _config(placement="topk", placement_topk=2),
+        LinkStats(),
+        clock=FakeClock(),
+        backlog=frontier.backlog,
+    )
+    assert agent.config.topk_choice == "least_loaded"  # the default
+    for node, rtts in (("a", ("10.0", "10.0")), ("b", ("12.0", "12.0")), ("c", ("90", "90"))):
+        redis_client.hset(agent.rtt_key(node), mapping={"big.test": rtts[0], "small.test": rtts[1]})
+    agent.note_site(big, "big.test", "http")
+    agent.note_site(small, "small.test", "http")
+    for i in range(30):  # big.test's partition holds 30 requests, small.test's none
+        frontier.enqueue(big, f"fp{i}", "x")
+    agent.beat(registry)
+    after = registry.load_table()
+    # The heavy partition takes the nearest node; the light one the next candidate.
+    assert after.owners[big] == "a"
+    assert after.owners[small] == "b"
+
+
 def test_planning_respects_the_interval(redis_client: redis.Redis, registry: NodeRegistry) -> None:
     _two_nodes(registry)
     clock = FakeClock()
-    agent = _agent(redis_client, "a", clock=clock, interval=10.0)
+    agent = _agent(redis_client, "a", clock=clock, interval=0.3)
+    other = _agent(redis_client, "b", clock=clock, interval=0.3)
     agent.beat(registry)
     assert agent.runs == 1
     x_part = registry.load_table().owned_by("b")[0]
     _plant_rtts(redis_client, agent)
     agent.note_site(x_part, "x.test", "http")
-    clock.now = 5.0
+    clock.now = 0.15
     assert agent.beat(registry) == []  # too early: published but not planned
     assert agent.runs == 1
     assert redis_client.hget(agent.sites_key, str(x_part)) == b"x.test"
-    clock.now = 10.0
+    # Another node's first beat: due by its own clock, but a just planned
+    # fleet-wide, so it does not plan again.
+    assert other.beat(registry) == []
+    assert other.runs == 0
+    assert redis_client.get(agent.plan_key) == b"a"
+    time.sleep(0.35)  # the fleet-wide gate expires with the interval
+    clock.now = 0.3
     assert agent.beat(registry) == [Move(x_part, "b", "a")]
     assert agent.runs == 2
+    assert other.beat(registry) == []  # gated again
+    assert other.runs == 0
+
+
+def test_a_busy_table_lets_the_next_beat_retry_the_plan(
+    redis_client: redis.Redis, registry: NodeRegistry
+) -> None:
+    _two_nodes(registry)
+    clock = FakeClock()
+    agent = _agent(redis_client, "a", clock=clock, interval=60.0)
+    other = _agent(redis_client, "b", clock=clock, interval=60.0)
+    redis_client.set(registry.lock_key, "rebalancer")  # a rebalance in progress
+    assert agent.beat(registry) == [] and agent.runs == 0
+    assert redis_client.exists(agent.plan_key) == 0  # gate released: not an interval lost
+    redis_client.delete(registry.lock_key)
+    other.beat(registry)
+    assert other.runs == 1
 
 
 def test_garbage_in_redis_does_not_break_planning(

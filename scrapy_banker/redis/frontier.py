@@ -317,6 +317,26 @@ class RedisFrontier:
                 break
         return total
 
+    def backlog(self, partitions: Iterable[int], *, chunk: int = 128) -> dict[int, int]:
+        """Requests queued or leased per partition: the work each would take with it.
+
+        The placement planner weighs partitions by it (two ``ZCARD`` each,
+        ``chunk`` partitions per pipeline).
+        """
+        wanted = sorted({p for p in partitions if 0 <= p < self.partitions})
+        out: dict[int, int] = {}
+        for start in range(0, len(wanted), max(1, chunk)):
+            part = wanted[start : start + max(1, chunk)]
+            pipe = self.client.pipeline(transaction=False)
+            for p in part:
+                k = self.keys(p)
+                pipe.zcard(k.queue)
+                pipe.zcard(k.leases)
+            counts = pipe.execute()
+            for i, p in enumerate(part):
+                out[p] = int(counts[2 * i]) + int(counts[2 * i + 1])
+        return out
+
     def clear(self) -> int:
         """Delete every key of this crawl (all partitions): a fresh start."""
         pipe = self.client.pipeline(transaction=False)

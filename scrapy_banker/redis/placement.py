@@ -11,8 +11,10 @@ per heartbeat, so the reactor never waits on Redis:
   ``{prefix}:net:bs``;
 * a ``hungarian`` plan records each placed partition's cost on its owner in
   ``{prefix}:net:placed``, so the next plan moves only what drifted;
-* every ``BANKER_PLACEMENT_INTERVAL`` seconds one node (single-flight, under
-  the registry's rebalance lock) reads what the fleet measured, runs
+* every ``BANKER_PLACEMENT_INTERVAL`` seconds one node (the first to take
+  ``{prefix}:net:plan-gate``, which expires after the interval, then under
+  the registry's rebalance lock) reads what the fleet measured (and, for a
+  least-loaded ``topk`` plan, each site partition's backlog), runs
   :func:`scrapy_banker.placement.plan` and moves the partitions whose owner
   changed -- with new epochs, so the hand-over is fenced exactly like a
   rebalance.
@@ -24,7 +26,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.netstats import LinkStats, storage_bandwidth
@@ -70,6 +72,7 @@ class PlacementAgent:
         links: LinkStats,
         *,
         clock: Callable[[], float] = time.monotonic,
+        backlog: Callable[[Iterable[int]], Mapping[int, int]] | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
@@ -77,11 +80,17 @@ class PlacementAgent:
         self.config = config
         self.links = links
         self.clock = clock
+        #: Requests queued or leased per partition (``RedisFrontier.backlog``), which
+        #: weighs partitions for the least-loaded top-k plan.
+        self.backlog = backlog
         self.sites_key = f"{prefix}:sites"
         self.schemes_key = f"{prefix}:schemes"
         self.bs_key = f"{prefix}:net:bs"
         #: partition -> its cost when a hungarian plan placed it (for minimal-move re-plans).
         self.placed_key = f"{prefix}:net:placed"
+        #: Held for one interval by the node that planned: one plan per interval
+        #: fleet-wide, not one per node (a plan costs ~0.2 s of CPU with GNP).
+        self.plan_key = f"{prefix}:net:plan-gate"
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[str, str]] = {}
         self._noted: set[int] = set()
@@ -134,9 +143,14 @@ class PlacementAgent:
         if self.config.mode == "hash" or self.clock() < self._next_plan:
             return []
         self._next_plan = self.clock() + self.config.interval
+        interval_ms = int(self.config.interval * 1000)
+        if interval_ms > 0 and not client.set(self.plan_key, self.node, nx=True, px=interval_ms):
+            return []  # another node planned less than an interval ago
         self._placed_out = {}
         moves = registry.update(self.node, self._plan)
-        if moves is None:
+        if moves is None:  # a rebalance holds the table: let the next beat (anyone's) retry
+            if interval_ms > 0:
+                client.delete(self.plan_key)
             return []
         if self._placed_out:  # after the table was written: costs of the owners now in force
             pipe = client.pipeline(transaction=False)
@@ -205,6 +219,13 @@ class PlacementAgent:
             for key, cost in _floats(self.client.hgetall(self.placed_key)).items():
                 if key.isdigit():
                     placed[int(key)] = cost
+        backlog: Mapping[int, int] | None = None
+        if (
+            self.config.mode == "topk"
+            and self.config.topk_choice == "least_loaded"
+            and self.backlog is not None
+        ):
+            backlog = self.backlog(valid)
         placed_out: dict[int, float] = {}
         owners = plan(
             obs,
@@ -216,6 +237,8 @@ class PlacementAgent:
             tolerance=self.config.tolerance,
             placed=placed or None,
             placed_out=placed_out,
+            choice=self.config.topk_choice,
+            backlog=backlog,
         )
         self._placed_out = placed_out if hungarian else {}
         return table.assign({p: n for p, n in owners.items() if table.owners[p] != n})

@@ -107,7 +107,12 @@ class BankerRedisScheduler(BankerScheduler):
         self.prober: Prober | None = None
         if self.pconfig.mode != "hash":
             self.placement = PlacementAgent(
-                client, rconfig.prefix, self.node, self.pconfig, link_stats(crawler)
+                client,
+                rconfig.prefix,
+                self.node,
+                self.pconfig,
+                link_stats(crawler),
+                backlog=self.redis_frontier.backlog,
             )
             assert crawler.stats is not None
             self.prober = Prober(

@@ -30,7 +30,7 @@ from scrapy_banker.netstats import LinkStats, RateLimiter
 from scrapy_banker.settings import PlacementConfig, load_placement_config
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -140,6 +140,8 @@ class Prober:
         )
         #: site -> scheme, as published by the fleet (set by the scheduler).
         self.known: dict[str, str] = {}
+        #: site -> its backlog at the fleet's last plan: heavier sites are probed first.
+        self.weights: Mapping[str, float] = {}
         self.sent: dict[str, int] = {}
         self._done_at = -1
 
@@ -151,6 +153,11 @@ class Prober:
         if sites:
             start = self.offset % len(sites)
             sites = sites[start:] + sites[:start]
+        if self.weights:
+            # Heaviest first (stable: equal weights keep the node's own rotation).
+            # Placement matters most for the sites with the most work left, and a
+            # crawl's largest site decides when it ends.
+            sites.sort(key=lambda site: -self.weights.get(site, 0.0))
         want = self.config.probe_samples
         return [s for s in sites if self._have(s) < want]
 
@@ -204,6 +211,10 @@ class Prober:
         self.stats.inc_value("banker/net/probe_errors")
         logger.debug("Probe of %s failed: %s", site, failure.getErrorMessage())
 
-    def update(self, sites: Iterable[tuple[str, str]]) -> None:
+    def update(
+        self, sites: Iterable[tuple[str, str]], weights: Mapping[str, float] | None = None
+    ) -> None:
         for site, scheme in sites:
             self.known.setdefault(site, scheme)
+        if weights is not None:
+            self.weights = weights

@@ -284,7 +284,7 @@ def test_least_loaded_top_k_is_longest_first_list_scheduling_on_each_tasks_k_nea
         return float(np.bincount(o, weights * cost[np.arange(200), o], minlength=6).max())
 
     uniform = [makespan(assign_top_k(cost, 3, seed=s)) for s in range(20)]
-    assert makespan(owners) < 0.8 * float(np.mean(uniform))
+    assert makespan(owners) < 0.5 * float(np.mean(uniform))  # 0.29x when written
     np.testing.assert_array_equal(
         assign_top_k_least_loaded(cost, weights, 3, seed=1), owners
     )  # deterministic

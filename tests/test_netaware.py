@@ -334,6 +334,27 @@ def test_sites_already_measured_by_crawl_traffic_are_not_probed_again() -> None:
     assert prober.tick() == 0
 
 
+def test_heaviest_sites_are_probed_first_and_rounds_stay_breadth_first() -> None:
+    prober, sender, clock, _ = _prober(
+        {"BANKER_GNP_LANDMARK": True, "BANKER_PROBE_SAMPLES": 2, "BANKER_PROBE_RATE": 3.0},
+        SITES,
+    )
+    weights = {"s07.test": 200.0, "s03.test": 50.0, "s10.test": 50.0, "s01.test": 0.0}
+    prober.update([], weights)
+    assert prober.weights is weights
+    assert prober.tick() == 3  # the burst: the heaviest three (ties in name order)
+    assert sender.sites() == ["s07.test", "s03.test", "s10.test"]
+    for step in range(1, 40):
+        clock.now = step
+        prober.tick()
+    sites = sender.sites()
+    assert len(sites) == 24
+    # Every site once before any twice, and each round heaviest first.
+    first, second = sites[:12], sites[12:]
+    assert sorted(first) == sorted(SITES) == sorted(second)
+    assert first[:3] == second[:3] == ["s07.test", "s03.test", "s10.test"]
+
+
 def test_rate_zero_sends_nothing() -> None:
     prober, sender, clock, crawler = _prober(
         {"BANKER_GNP_LANDMARK": True, "BANKER_PROBE_RATE": 0}, SITES

@@ -320,6 +320,17 @@ def test_least_loaded_topk_round_weighs_partitions_by_their_backlog_in_redis(
     # The heavy partition takes the nearest node; the light one the next candidate.
     assert after.owners[big] == "a"
     assert after.owners[small] == "b"
+    # The backlogs are published per site for every prober of the fleet...
+    assert _decode(redis_client.hgetall(agent.backlog_key)) == {"big.test": "30", "small.test": "0"}
+    # ...and read back on the next beat (by any node), as a new mapping.
+    reader = _agent(redis_client, "b")
+    before = reader.backlogs
+    reader.beat(registry)
+    assert reader.backlogs == {"big.test": 30.0, "small.test": 0.0}
+    assert reader.backlogs is not before
+    unchanged = reader.backlogs
+    reader.beat(registry)
+    assert reader.backlogs is unchanged  # the prober re-sorts only when it changed
 
 
 def test_planning_respects_the_interval(redis_client: redis.Redis, registry: NodeRegistry) -> None:

@@ -13,8 +13,9 @@ per heartbeat, so the reactor never waits on Redis:
   ``{prefix}:net:placed``, so the next plan moves only what drifted;
 * every ``BANKER_PLACEMENT_INTERVAL`` seconds one node (the first to take
   ``{prefix}:net:plan-gate``, which expires after the interval, then under
-  the registry's rebalance lock) reads what the fleet measured (and, for a
-  least-loaded ``topk`` plan, each site partition's backlog), runs
+  the registry's rebalance lock) reads what the fleet measured and each
+  site partition's backlog (published as ``{prefix}:net:backlog``, so that
+  every prober measures the largest sites first), runs
   :func:`scrapy_banker.placement.plan` and moves the partitions whose owner
   changed -- with new epochs, so the hand-over is fenced exactly like a
   rebalance.
@@ -100,6 +101,12 @@ class PlacementAgent:
         self._placed_out: dict[int, float] = {}
         #: netloc -> scheme of every site the fleet knows (read by the prober).
         self.known: dict[str, str] = {}
+        #: netloc -> requests queued or leased for it at the last plan, fleet-wide
+        #: (``{prefix}:net:backlog``): the prober measures the largest sites first.
+        #: Replaced, never mutated, so the reactor thread can read it safely.
+        self.backlogs: dict[str, float] = {}
+        self.backlog_key = f"{prefix}:net:backlog"
+        self._site_backlog: dict[str, int] = {}
         self.runs = 0
 
     def rtt_key(self, node: str) -> str:
@@ -140,6 +147,9 @@ class PlacementAgent:
             self._measure_storage()
         self._publish()
         self.known = {_text(k): _text(v) for k, v in client.hgetall(self.schemes_key).items()}
+        backlogs = _floats(client.hgetall(self.backlog_key))
+        if backlogs != self.backlogs:
+            self.backlogs = backlogs
         if self.config.mode == "hash" or self.clock() < self._next_plan:
             return []
         self._next_plan = self.clock() + self.config.interval
@@ -147,11 +157,17 @@ class PlacementAgent:
         if interval_ms > 0 and not client.set(self.plan_key, self.node, nx=True, px=interval_ms):
             return []  # another node planned less than an interval ago
         self._placed_out = {}
+        self._site_backlog = {}
         moves = registry.update(self.node, self._plan)
         if moves is None:  # a rebalance holds the table: let the next beat (anyone's) retry
             if interval_ms > 0:
                 client.delete(self.plan_key)
             return []
+        if self._site_backlog:
+            pipe = client.pipeline(transaction=False)
+            pipe.delete(self.backlog_key)
+            pipe.hset(self.backlog_key, mapping={s: n for s, n in self._site_backlog.items()})
+            pipe.execute()
         if self._placed_out:  # after the table was written: costs of the owners now in force
             pipe = client.pipeline(transaction=False)
             pipe.delete(self.placed_key)
@@ -220,12 +236,12 @@ class PlacementAgent:
                 if key.isdigit():
                     placed[int(key)] = cost
         backlog: Mapping[int, int] | None = None
-        if (
-            self.config.mode == "topk"
-            and self.config.topk_choice == "least_loaded"
-            and self.backlog is not None
-        ):
+        if self.backlog is not None:
             backlog = self.backlog(valid)
+            per_site: dict[str, int] = {}
+            for p, n in backlog.items():
+                per_site[valid[p]] = per_site.get(valid[p], 0) + int(n)
+            self._site_backlog = per_site
         placed_out: dict[int, float] = {}
         owners = plan(
             obs,

@@ -391,8 +391,12 @@ class BankerRedisScheduler(BankerScheduler):
         self._was_idle = idle
         self._ticks += 1
         if self.prober is not None and self.placement is not None:
-            if len(self.prober.known) != len(self.placement.known):
-                self.prober.update(self.placement.known.items())
+            placement = self.placement
+            if (
+                len(self.prober.known) != len(placement.known)
+                or self.prober.weights is not placement.backlogs
+            ):
+                self.prober.update(placement.known.items(), placement.backlogs)
             self.prober.tick()
         if self._ticks % 10 == 0:  # a stats collector may itself be in Redis
             self._publish_counters()

@@ -366,13 +366,44 @@ def test_a_busy_table_lets_the_next_beat_retry_the_plan(
     _two_nodes(registry)
     clock = FakeClock()
     agent = _agent(redis_client, "a", clock=clock, interval=60.0)
-    other = _agent(redis_client, "b", clock=clock, interval=60.0)
     redis_client.set(registry.lock_key, "rebalancer")  # a rebalance in progress
     assert agent.beat(registry) == [] and agent.runs == 0
     assert redis_client.exists(agent.plan_key) == 0  # gate released: not an interval lost
     redis_client.delete(registry.lock_key)
-    other.beat(registry)
-    assert other.runs == 1
+    # The node that found the table busy retries on its next beat, not an interval later.
+    agent.beat(registry)
+    assert agent.runs == 1
+    assert redis_client.get(agent.plan_key) == b"a"  # and holds the gate for the interval
+
+
+def test_a_rebalance_triggers_a_plan_on_the_next_beat(
+    redis_client: redis.Redis, registry: NodeRegistry
+) -> None:
+    _two_nodes(registry)
+    clock = FakeClock()
+    agent = _agent(redis_client, "a", clock=clock, interval=60.0)
+    x_part = registry.load_table().owned_by("b")[0]
+    _plant_rtts(redis_client, agent)
+    agent.note_site(x_part, "x.test", "http")
+    assert agent.beat(registry) == [Move(x_part, "b", "a")]
+    # A third node joins; the count-based rebalance may hand x.test's partition
+    # to it.  Force that, as the network-blind worst case.
+    registry.register("c")
+    redis_client.hset(agent.rtt_key("c"), mapping={"x.test": "150.0", "y.test": "160.0"})
+    registry.rebalance("a")
+    table = registry.load_table()
+    registry.update("a", lambda t, live: t.assign({x_part: "c"}))
+    assert registry.load_table().owners[x_part] == "c"
+    assert table.owners.count("c") > 0
+    other = _agent(redis_client, "b", clock=clock, interval=60.0)
+    assert other.beat(registry) == []  # within the interval: gated fleet-wide
+    assert agent.beat(registry) == []  # and locally
+    agent.replan()  # what the worker calls after a rebalance that moved partitions
+    moves = agent.beat(registry)
+    assert Move(x_part, "c", "a") in moves
+    assert agent.runs == 2
+    assert agent.beat(registry) == []  # one forced plan, then the interval again
+    assert agent.runs == 2
 
 
 def test_garbage_in_redis_does_not_break_planning(
@@ -445,3 +476,38 @@ def test_no_planning_while_another_node_holds_the_lock(
     redis_client.delete(registry.lock_key)
     assert len(agent.beat(registry)) == 2  # once free, the next beat plans
     assert json.loads(redis_client.get(registry.table_key) or b"{}")["size"] == PARTITIONS
+
+
+class _RecordingPlacement:
+    def __init__(self) -> None:
+        self.replans = 0
+        self.beats = 0
+
+    def replan(self) -> None:
+        self.replans += 1
+
+    def beat(self, registry: NodeRegistry) -> list[Move]:
+        self.beats += 1
+        return []
+
+
+def test_the_worker_asks_for_a_plan_after_each_rebalance_that_moved_partitions(
+    registry: NodeRegistry,
+) -> None:
+    from scrapy_banker.redis.worker import FrontierWorker
+
+    placement = _RecordingPlacement()
+    worker = FrontierWorker(
+        registry.frontier,
+        registry,
+        "a",
+        placement=placement,  # type: ignore[arg-type]
+    )
+    worker._heartbeat()  # joins: every partition moves to a
+    assert (placement.replans, placement.beats) == (1, 1)
+    worker._heartbeat()  # nothing changed
+    assert (placement.replans, placement.beats) == (1, 2)
+    registry.register("b")
+    worker._heartbeat()  # b joined: a hands half over
+    assert (placement.replans, placement.beats) == (2, 3)
+    assert len(worker.owned) == PARTITIONS // 2

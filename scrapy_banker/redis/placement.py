@@ -98,6 +98,7 @@ class PlacementAgent:
         self._published: dict[str, dict[str, float]] = {}
         self._storage_done = False
         self._next_plan = 0.0
+        self._replan = False
         self._placed_out: dict[int, float] = {}
         #: netloc -> scheme of every site the fleet knows (read by the prober).
         self.known: dict[str, str] = {}
@@ -150,18 +151,26 @@ class PlacementAgent:
         backlogs = _floats(client.hgetall(self.backlog_key))
         if backlogs != self.backlogs:
             self.backlogs = backlogs
-        if self.config.mode == "hash" or self.clock() < self._next_plan:
+        if self.config.mode == "hash":
             return []
-        self._next_plan = self.clock() + self.config.interval
+        now = self.clock()
+        forced, self._replan = self._replan, False
+        if not forced and now < self._next_plan:
+            return []
+        self._next_plan = now + self.config.interval
         interval_ms = int(self.config.interval * 1000)
-        if interval_ms > 0 and not client.set(self.plan_key, self.node, nx=True, px=interval_ms):
-            return []  # another node planned less than an interval ago
+        if interval_ms > 0:
+            if forced:  # this node just rebalanced: its plan supersedes any gate
+                client.set(self.plan_key, self.node, px=interval_ms)
+            elif not client.set(self.plan_key, self.node, nx=True, px=interval_ms):
+                return []  # another node planned less than an interval ago
         self._placed_out = {}
         self._site_backlog = {}
         moves = registry.update(self.node, self._plan)
-        if moves is None:  # a rebalance holds the table: let the next beat (anyone's) retry
+        if moves is None:  # a rebalance holds the table: retry on the next beat
             if interval_ms > 0:
                 client.delete(self.plan_key)
+            self._next_plan = now
             return []
         if self._site_backlog:
             pipe = client.pipeline(transaction=False)
@@ -179,6 +188,15 @@ class PlacementAgent:
         if moves:
             logger.info("Placement (%s): %d partitions moved", self.config.mode, len(moves))
         return moves
+
+    def replan(self) -> None:
+        """Plan on the next beat, whatever the interval: the table was just rebalanced.
+
+        A rebalance (a node joined or left) reassigns partitions by count,
+        network-blind; left alone, placed sites would stay wherever it put
+        them for up to an interval (10 s by default).
+        """
+        self._replan = True
 
     def _measure_storage(self) -> None:
         probe_key = f"{self.prefix}:net:bs-probe:{self.node}"

@@ -285,6 +285,8 @@ class FrontierWorker:
             moves = registry.rebalance(self.node)
             if moves:
                 self._count("banker/redis/partitions_moved", len(moves))
+                if self.placement is not None:
+                    self.placement.replan()
             table = registry.load_table()
         owned = {p: table.epochs[p] for p in table.owned_by(self.node)}
         if owned.keys() != self.owned.keys():

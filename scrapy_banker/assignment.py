@@ -589,6 +589,7 @@ def reassign(
     batch: int | None = None,
     placed_cost: npt.ArrayLike | None = None,
     load_weight: float = 1.0,
+    weights: npt.ArrayLike | None = None,
 ) -> tuple[IntArray, int]:
     """Re-place tasks after nodes join or leave, or costs drift, moving as few as possible.
 
@@ -612,6 +613,11 @@ def reassign(
     cheapest node: under balanced targets most tasks legitimately sit on a
     node dearer than their cheapest, and releasing all of those would
     reshuffle a stable cluster on every call.
+
+    ``weights`` (one per task, e.g. its backlog) scale each task's row for
+    the solve only, so the assignment minimises the weighted total (a large
+    task wins its cheap node); drift and the over-target ranking stay on the
+    unweighted costs -- a task's size changing is not its link drifting.
 
     Returns ``(owners, moved)``; ``moved`` counts the tasks that had a live
     owner and now have another one (tasks of a departed node must move and
@@ -667,8 +673,17 @@ def reassign(
     room = goal - load
     loose = np.flatnonzero(~keep).astype(np.int64)
     if loose.size:
-        sub = cost[loose]
+        solve_cost = cost
+        if weights is not None:
+            w = _float_array(weights, "weights")
+            if w.shape != (n_tasks,):
+                raise ValueError(
+                    f"weights has shape {w.shape}, expected ({n_tasks},): one per task"
+                )
+            _non_negative(w, "weights")
+            solve_cost = cost * w[:, None]
+        sub = solve_cost[loose]
         sequence = loose[_regret_order(sub)]
-        _place(cost, room, load, sequence, size, _load_weight(load_weight), owners)
+        _place(solve_cost, room, load, sequence, size, _load_weight(load_weight), owners)
     moved = int(np.count_nonzero(alive & (owners != now)))
     return owners, moved

@@ -343,6 +343,25 @@ def test_least_loaded_top_k_edge_cases() -> None:
         assign_top_k_least_loaded([[-1.0]], [1], 1)
 
 
+def test_reassign_weights_steer_the_solve_not_the_drift() -> None:
+    # Two nodes, two slots each; node 0 is cheaper for every task by the same margin.
+    cost = np.array([[10.0, 20.0]] * 4)
+    free = np.full(4, -1)
+    heavy = [1.0, 1.0, 1.0, 50.0]
+    owners, _ = reassign(cost, free, weights=heavy, tolerance=0.0)
+    assert owners[3] == 0 and np.bincount(owners, minlength=2).tolist() == [2, 2]
+    # Placed tasks whose weights change are kept: drift is per unweighted cost.
+    placed = cost[np.arange(4), owners]
+    again, moved = reassign(
+        cost, owners, weights=[50.0, 1.0, 1.0, 1.0], placed_cost=placed, tolerance=0.0
+    )
+    assert moved == 0 and np.array_equal(again, owners)
+    with pytest.raises(ValueError, match="weights has shape"):
+        reassign(cost, free, weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="weights must be non-negative"):
+        reassign(cost, free, weights=[1.0, 1.0, 1.0, -1.0])
+
+
 # -- targets and batched assignment ----------------------------------------------------------
 
 

@@ -203,6 +203,26 @@ def test_least_loaded_topk_replans_move_little_while_backlogs_drain() -> None:
     assert fresh > total + 5  # a plan from scratch on the drained backlogs reshuffles more
 
 
+def test_hungarian_weighs_partitions_by_backlog_and_stays_balanced() -> None:
+    obs, backlog = _zipf_world()
+    # Every site prefers a over b over c over d by the same margins: unweighted,
+    # which sites get a's 3 slots is a tie.  Weighted, the big site gets one.
+    for current in (None, {p: "d" for p in obs.sites}):
+        got = plan(obs, "hungarian", backlog=backlog, current=current)
+        assert got[7] == "a"
+        counts = [sum(1 for v in got.values() if v == n) for n in "abcd"]
+        assert counts == [3, 3, 3, 3]
+    # Re-plans after placement: the backlog drains, nothing drifted, nothing moves.
+    placed: dict[int, float] = {}
+    first = plan(obs, "hungarian", backlog=backlog, placed_out=placed)
+    drained = {p: n // 4 for p, n in backlog.items()}
+    again = plan(obs, "hungarian", backlog=drained, current=first, placed=placed)
+    assert moved(first, again) == 0
+    # A site whose backlog grew is not "drifted": its link did not change.
+    grown = {**drained, 3: 500}
+    assert moved(first, plan(obs, "hungarian", backlog=grown, current=first, placed=placed)) == 0
+
+
 def test_plan_rejects_an_unknown_topk_choice() -> None:
     obs, _ = _zipf_world()
     with pytest.raises(ValueError, match=r"unknown top-k choice 'best'.*least_loaded, random"):

@@ -442,11 +442,17 @@ def test_clear_deletes_every_key_of_the_crawl_and_only_those(
     frontier.nack(leased[1].partition, [leased[1].id])
     frontier.dead_letter(leased[2].partition, leased[2].id, "malformed")
     redis_client.set("t:reaper-lock", "node-a", px=5000)
+    # Placement state of this crawl goes; its network measurements stay.
+    for key in ("sites", "schemes", "net:placed", "net:backlog"):
+        redis_client.hset(f"t:{key}", "k", "1")
+    redis_client.set("t:net:plan-gate", "node-a", px=5000)
+    for key in ("net:rtt:node-a", "net:bw:node-a", "net:bs"):
+        redis_client.hset(f"t:{key}", "k", "1")
     # Keys of another crawl and unrelated keys survive.
     neighbour = RedisFrontier(redis_client, prefix="t2", partitions=8)
     assert neighbour.enqueue(3, "seen-fp", "n") is not None
     redis_client.set("unrelated", "1")
-    survivors = {b"unrelated"}
+    survivors = {b"unrelated", b"t:net:rtt:node-a", b"t:net:bw:node-a", b"t:net:bs"}
     survivors |= {k.encode() for k in vars(neighbour.keys(3)).values() if redis_client.exists(k)}
     before = set(redis_client.keys("*"))
     assert survivors < before

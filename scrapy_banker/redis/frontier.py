@@ -338,13 +338,31 @@ class RedisFrontier:
         return out
 
     def clear(self) -> int:
-        """Delete every key of this crawl (all partitions): a fresh start."""
+        """Delete every key of this crawl (all partitions): a fresh start.
+
+        Placement state tied to the old table goes too (the partition -> site
+        map, the placed costs, the backlogs, the plan gate); the fleet's
+        network measurements (``{prefix}:net:rtt:*``, ``:net:bw:*``,
+        ``:net:bs``) are kept on purpose: links do not change between
+        crawls, and a re-crawl that finds them places its sites at once.
+        """
         pipe = self.client.pipeline(transaction=False)
         for p in range(self.partitions):
             k = self.keys(p)
             for key in (k.queue, k.leases, k.payloads, k.meta, k.owner, k.dead, k.seen):
                 pipe.delete(key)
-        for suffix in ("nodes", "heartbeats", "table", "rebalance-lock", "reaper-lock"):
+        for suffix in (
+            "nodes",
+            "heartbeats",
+            "table",
+            "rebalance-lock",
+            "reaper-lock",
+            "sites",
+            "schemes",
+            "net:placed",
+            "net:backlog",
+            "net:plan-gate",
+        ):
             pipe.delete(f"{self.prefix}:{suffix}")
         return sum(int(n) for n in pipe.execute())
 

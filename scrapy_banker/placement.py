@@ -158,7 +158,8 @@ def plan(
     cost in a ``hungarian`` solve) onto the least-loaded of their k
     cheapest nodes, see
     :func:`scrapy_banker.assignment.assign_top_k_least_loaded`, keeping the
-    current owner while it is a candidate within ``tolerance`` of the best;
+    current owner while it is a candidate and keeping does not make it the
+    busiest node by more than ``tolerance``;
     ``hungarian`` keeps the whole current assignment if it is balanced and
     at most ``tolerance`` dearer in total, else re-solves.  With ``placed``
     (partition -> its cost when a previous ``hungarian`` plan placed it, as
@@ -193,6 +194,13 @@ def plan(
     index = {n: i for i, n in enumerate(nodes)}
     cur = [index.get((current or {}).get(p) or "", -1) for p in parts]
     capacities = np.array([float(obs.capacities[n]) for n in nodes])
+    # Partition sizes (backlog + 1), when known: least-loaded topk places the
+    # heaviest first, and hungarian minimises RTT x pages rather than RTT per
+    # partition -- a balanced plan otherwise gives the largest site a far node
+    # as readily as the smallest.
+    sizes = (
+        None if backlog is None else np.array([1.0 + max(0, int(backlog.get(p, 0))) for p in parts])
+    )
     if mode == "top1":
         out: dict[int, str] = {}
         for p, row, c in zip(parts, base, cur, strict=True):
@@ -201,10 +209,9 @@ def plan(
             out[p] = nodes[c if keep else best]
         return out
     if mode == "topk" and choice == "least_loaded":
-        weights = np.array([1.0 + max(0, int((backlog or {}).get(p, 0))) for p in parts])
         owners = assignment.assign_top_k_least_loaded(
             base,
-            weights,
+            np.ones(len(parts)) if sizes is None else sizes,
             k,
             capacities=capacities,
             current=np.array(cur, dtype=np.int64),
@@ -224,14 +231,7 @@ def plan(
     # Up to EXACT_MAX partitions, one batch without the load factor is the exact
     # balanced optimum (targets hold as hard slot counts); the batched heuristic
     # (90 ms per site against the exact 73 ms on the fleet test's layout) is kept for more.
-    # Weighted by backlog (when known) so the solve minimises RTT x pages, not
-    # RTT per partition: a balanced plan otherwise gives the largest site a far
-    # node as readily as the smallest.  Drift (placed costs) stays per partition.
-    sizes = (
-        np.array([1.0 + max(0, int(backlog.get(p, 0))) for p in parts])
-        if backlog is not None
-        else None
-    )
+    # Drift (placed costs) stays per partition: a site's size is not its link.
     solve_cost = base if sizes is None else base * sizes[:, None]
     exact = len(parts) <= EXACT_MAX
     batch = max(1, len(parts)) if exact else None

@@ -81,8 +81,8 @@ class PlacementAgent:
         self.config = config
         self.links = links
         self.clock = clock
-        #: Requests queued or leased per partition (``RedisFrontier.backlog``), which
-        #: weighs partitions for the least-loaded top-k plan.
+        #: Requests queued or leased per partition (``RedisFrontier.backlog``): the
+        #: partitions' sizes for topk and hungarian plans, and the probe order.
         self.backlog = backlog
         self.sites_key = f"{prefix}:sites"
         self.schemes_key = f"{prefix}:schemes"

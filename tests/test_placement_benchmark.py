@@ -20,7 +20,9 @@ from scrapy_banker.testing.redis_server import RedisServerError, find_redis_serv
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "placement.py"
-STRATEGIES = ("random", "top1", "top3", "hungarian", "hungarian_rtt", "oracle", "oracle_top1")
+STRATEGIES = (
+    "random", "top1", "top3", "top3_random", "hungarian", "hungarian_rtt", "oracle", "oracle_top1"
+)  # fmt: skip
 RUN = ("random", "oracle")
 
 
@@ -59,7 +61,7 @@ def test_placement_tiny_reports_every_key_and_loses_nothing() -> None:
     for key in ("top1_vs_random", "top3_vs_random", "hungarian_vs_random",
                 "hungarian_rtt_vs_random", "hungarian_vs_oracle", "hungarian_rtt_vs_oracle",
                 "top3_vs_oracle", "oracle_top1_vs_random", "top3_vs_oracle_top1",
-                "targets_met"):  # fmt: skip
+                "top3_random_vs_random", "top3_vs_top3_random", "targets_met"):  # fmt: skip
         assert key in result, key
     for s in RUN:
         assert _positive(result[f"pages_per_s_{s}"]), (s, result[f"pages_per_s_{s}"])

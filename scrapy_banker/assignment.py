@@ -124,6 +124,27 @@ def _positive_int(value: object, name: str) -> int:
     return number
 
 
+def _seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def _tolerance(tolerance: float) -> float:
+    tol = float(tolerance)
+    if not math.isfinite(tol) or tol < 0:
+        raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")
+    return tol
+
+
+def _task_weights(weights: npt.ArrayLike, n_tasks: int) -> FloatArray:
+    w = _float_array(weights, "weights")
+    if w.shape != (n_tasks,):
+        raise ValueError(f"weights has shape {w.shape}, expected ({n_tasks},): one per task")
+    _non_negative(w, "weights")
+    return w
+
+
 # -- the patent's cost and the single-task rules ---------------------------------------------
 
 
@@ -204,8 +225,7 @@ def assign_top_k(base_cost: npt.ArrayLike, k: int, seed: int = 0) -> IntArray:
     """
     cost = _matrix(base_cost, "base_cost")
     k = _positive_int(k, "k")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = _seed(seed)
     n_tasks, n_nodes = cost.shape
     owners = np.empty(n_tasks, dtype=np.int64)
     if n_tasks == 0:
@@ -257,15 +277,10 @@ def assign_top_k_least_loaded(
     cost = _matrix(base_cost, "base_cost")
     _non_negative(cost, "base_cost")
     n_tasks, n_nodes = cost.shape
-    w = _float_array(weights, "weights")
-    if w.shape != (n_tasks,):
-        raise ValueError(f"weights must have one entry per task ({n_tasks}), got shape {w.shape}")
-    _non_negative(w, "weights")
+    w = _task_weights(weights, n_tasks)
     k = _positive_int(k, "k")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+    seed = _seed(seed)
+    tolerance = _tolerance(tolerance)
     owners = np.empty(n_tasks, dtype=np.int64)
     if n_tasks == 0:
         return owners
@@ -633,9 +648,7 @@ def reassign(
     if not np.array_equal(owner, np.round(owner)):
         raise ValueError("current must hold integer node indices (-1 for none)")
     now = owner.astype(np.int64)
-    tol = float(tolerance)
-    if not math.isfinite(tol) or tol < 0:
-        raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")
+    tol = _tolerance(tolerance)
     goal = targets(n_tasks, capacities, n_nodes)
     size = _batch_size(batch, n_nodes)
 
@@ -675,13 +688,7 @@ def reassign(
     if loose.size:
         solve_cost = cost
         if weights is not None:
-            w = _float_array(weights, "weights")
-            if w.shape != (n_tasks,):
-                raise ValueError(
-                    f"weights has shape {w.shape}, expected ({n_tasks},): one per task"
-                )
-            _non_negative(w, "weights")
-            solve_cost = cost * w[:, None]
+            solve_cost = cost * _task_weights(weights, n_tasks)[:, None]
         sub = solve_cost[loose]
         sequence = loose[_regret_order(sub)]
         _place(solve_cost, room, load, sequence, size, _load_weight(load_weight), owners)

@@ -315,13 +315,13 @@ def test_least_loaded_top_k_capacity_current_and_tolerance() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"weights": [1.0]}, r"weights must have one entry per task \(2\)"),
+        ({"weights": [1.0]}, r"weights has shape \(1,\), expected \(2,\): one per task"),
         ({"weights": [1.0, -1.0]}, "weights must be non-negative"),
         ({"weights": [1.0, np.nan]}, "weights contains NaN"),
         ({"k": 0}, "k must be an integer >= 1"),
         ({"seed": -1}, "seed must be a non-negative integer"),
-        ({"tolerance": -0.1}, "tolerance must be a finite number >= 0"),
-        ({"tolerance": np.inf}, "tolerance must be a finite number >= 0"),
+        ({"tolerance": -0.1}, "tolerance must be finite and >= 0"),
+        ({"tolerance": np.inf}, "tolerance must be finite and >= 0"),
         ({"capacities": [1.0, 0.0]}, "capacities must be 2 numbers > 0"),
         ({"capacities": [1.0]}, "capacities must be 2 numbers > 0"),
         ({"current": [0]}, "current must have one owner index per task"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Callable, Collection
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -51,3 +51,14 @@ def wake_engine(crawler: Crawler) -> None:
     nextcall = getattr(slot, "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()
+
+
+def looping_call(func: Callable[[], Any]) -> Any:
+    """A ``LoopingCall``-like timer that also runs without a Twisted reactor (Scrapy >= 2.14)."""
+    try:
+        from scrapy.utils.asyncio import create_looping_call
+    except ImportError:  # Scrapy 2.13
+        from twisted.internet.task import LoopingCall
+
+        return LoopingCall(func)
+    return create_looping_call(func)

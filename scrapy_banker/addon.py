@@ -41,9 +41,14 @@ class Addon:
     """
 
     def update_settings(self, settings: Settings) -> None:
-        config = load_config(settings)  # fail fast on a bad BANKER_* value
+        # Fail fast on a bad BANKER_* value; the crawler (and its per-crawler
+        # configs) does not exist yet, so parse the settings directly.
+        config = load_config(settings)
         if not config.enabled:
-            raise NotConfigured("BANKER_ENABLED is False")
+            # Bare: Scrapy logs a NotConfigured message as a warning, and being
+            # switched off is no reason to warn.
+            logger.debug("scrapy-banker add-on disabled: BANKER_ENABLED is False")
+            raise NotConfigured()
         settings.set("SCHEDULER", SCHEDULER, priority="addon")
         for name, components in (
             ("SPIDER_MIDDLEWARES", SPIDER_MIDDLEWARES),

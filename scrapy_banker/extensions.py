@@ -12,7 +12,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from scrapy_banker._engine import running_scheduler
-from scrapy_banker.settings import load_config
+from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+
+
+def _disabled(cls: type, reason: str) -> NotConfigured:
+    """A bare ``NotConfigured`` for an extension that is simply not asked for.
+
+    Scrapy logs the message of a ``NotConfigured`` as a warning, on every crawl
+    that leaves the extension off; the reason only matters when debugging.
+    """
+    logger.debug("Disabled %s: %s", cls.__name__, reason)
+    return NotConfigured()
 
 
 class BankerStatsFile:
@@ -37,9 +47,9 @@ class BankerStatsFile:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        config = load_config(crawler.settings)
+        config = core_config(crawler)
         if not config.enabled or not config.stats_file:
-            raise NotConfigured("BANKER_STATS_FILE is not set")
+            raise _disabled(cls, "BANKER_STATS_FILE is not set")
         ext = cls(crawler, config.stats_file)
         # Receivers run in connection order and extensions are built in EXTENSIONS
         # order, so CoreStats (order 0) has already set finish_time/finish_reason.
@@ -91,13 +101,13 @@ class BankerTopicAdjuster:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        config = load_config(crawler.settings)
+        config = core_config(crawler)
         if not config.enabled:
-            raise NotConfigured("BANKER_ENABLED is False")
+            raise _disabled(cls, "BANKER_ENABLED is False")
         if not config.topic_adjust_interval:
-            raise NotConfigured("BANKER_TOPIC_ADJUST_INTERVAL is 0")
+            raise _disabled(cls, "BANKER_TOPIC_ADJUST_INTERVAL is 0")
         if not any(spec.target is not None for spec in config.topics.values()):
-            raise NotConfigured("no topic in BANKER_TOPICS has a 'target'")
+            raise _disabled(cls, "no topic in BANKER_TOPICS has a 'target'")
         ext = cls(crawler, config.topic_adjust_interval)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)

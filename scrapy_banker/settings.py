@@ -1,11 +1,20 @@
-"""``BANKER_*`` settings: defaults, documentation and start-up validation.
+"""``BANKER_*`` settings: the one table of names, defaults and parsers.
 
-Every component reads its configuration through :func:`load_config`, so a bad
-value is reported once, at start-up, with the setting's name, the value it got
-and what is allowed -- instead of surfacing as an obscure failure hours into a
-crawl.  This module deliberately imports nothing from Scrapy: it only needs an
-object with ``get()``, which both :class:`scrapy.settings.Settings` and a plain
-``dict`` provide, so the validation is testable without a crawler.
+Each setting is declared exactly once, as a field of the frozen dataclass of
+the component that reads it (:class:`BankerConfig`, :class:`RedisConfig`,
+:class:`PlacementConfig`): name, default, parser and documentation group.
+:data:`DEFAULTS`, the loaders and the documentation test all walk those
+fields, so adding a setting means one line here and one section in
+``docs/settings.rst`` -- defaults and checks cannot drift apart.
+
+A bad value is reported at start-up with the setting's name, the value it got
+and what is allowed, instead of surfacing as an obscure failure hours into a
+crawl.  Components go through :func:`core_config`, :func:`redis_config` and
+:func:`placement_config`, which parse once per crawler, so a crawl validates
+its settings once however many components read them.  This module
+deliberately imports nothing from Scrapy: it only needs an object with
+``get()``, which both :class:`scrapy.settings.Settings` and a plain ``dict``
+provide, so the validation is testable without a crawler.
 """
 
 from __future__ import annotations
@@ -13,202 +22,119 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from scrapy_banker.hashing import KEY_POLICIES
 from scrapy_banker.topics import TopicSpec
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = [
     "DEFAULTS",
+    "SETTINGS",
     "BankerConfig",
+    "PlacementConfig",
     "RedisConfig",
+    "Setting",
     "SettingsLike",
     "TopicRule",
+    "core_config",
     "load_config",
+    "load_placement_config",
     "load_redis_config",
+    "placement_config",
+    "redis_config",
 ]
+
+_T = TypeVar("_T")
 
 
 class SettingsLike(Protocol):
     def get(self, name: str, default: Any = None) -> Any: ...
 
 
-#: Default value of every ``BANKER_*`` setting.  Documented one by one in
-#: ``docs/settings.rst``; a test keeps the two in sync.
-DEFAULTS: dict[str, Any] = {
-    # Master switch: every scrapy-banker component raises NotConfigured when False.
-    "BANKER_ENABLED": True,
-    # Topic name -> priority (int) or {"priority": int, "slice": s, "target": n}.
-    "BANKER_TOPICS": {},
-    # Ordered rules tagging requests with a topic: {"url": regex, "topic": name}
-    # or {"callback": method name, "topic": name}; the first match wins.
-    "BANKER_TOPIC_RULES": [],
-    # Topic of a request that has no banker_topic meta and matches no rule.
-    "BANKER_DEFAULT_TOPIC": "default",
-    # Default time slice (seconds) of a topic's turn among equal priorities (ST).
-    "BANKER_TOPIC_SLICE": 1.0,
-    # Floor and step of the slice adjuster.
-    "BANKER_TOPIC_MIN_SLICE": 0.1,
-    "BANKER_TOPIC_SLICE_STEP": 0.1,
-    # Seconds between two runs of the slice adjuster; 0 disables it.
-    "BANKER_TOPIC_ADJUST_INTERVAL": 10.0,
-    # Starvation bound: a topic with pending work waits at most this many seconds.
-    "BANKER_TOPIC_MAX_WAIT": 30.0,
-    # What part of the URL is a request's queue key: host, surt, domain or url.
-    "BANKER_QUEUE_KEY": "host",
-    # Hash of the queue key: bkdr (the paper's, seed 131) or mmh3.
-    "BANKER_QUEUE_HASH": "bkdr",
-    # Extendible-hash directory: bucket load that triggers a split, depth cap,
-    # and size of the in-memory cache bucket for overflow records.
-    "BANKER_BUCKET_CAPACITY": 1024,
-    "BANKER_DIRECTORY_MAX_DEPTH": 16,
-    "BANKER_CACHE_BUCKET_SIZE": 4096,
-    # Banker's admission: resource -> total units ({} disables admission).
-    "BANKER_RESOURCES": {},
-    # Topic -> maximum claim of a task of that topic, e.g. {"shop": {"sessions": 1}}.
-    "BANKER_TASK_CLAIMS": {},
-    # Seconds a task may hold resources with no request in flight before reclaim.
-    "BANKER_TASK_TIMEOUT": 300.0,
-    # "banker" (safe states only) or "naive" (first come, first served; for comparison).
-    "BANKER_ADMISSION_POLICY": "banker",
-    # Redis commands are retried this many times, with jittered exponential backoff
-    # capped at BANKER_REDIS_BACKOFF_CAP seconds, before an error reaches the caller.
-    "BANKER_REDIS_RETRIES": 5,
-    "BANKER_REDIS_BACKOFF_CAP": 2.0,
-    # Distributed frontier (scrapy_banker.redis.scheduler.BankerRedisScheduler).
-    # Key prefix of the crawl in Redis; %(spider)s is the spider name.  Braces
-    # are not allowed (the partition hash tags use them).
-    "BANKER_REDIS_PREFIX": "banker:%(spider)s",
-    # Logical partitions M of the two-level mapping; the same on every worker.
-    "BANKER_REDIS_PARTITIONS": 1024,
-    # Connect to a Redis Cluster (REDIS_URL / REDIS_HOST+REDIS_PORT of one node).
-    "BANKER_REDIS_CLUSTER": False,
-    # Seconds a popped request stays leased without a heartbeat renewing it.
-    "BANKER_REDIS_LEASE_TTL": 60.0,
-    # Deliveries after which an expired request is dead-lettered.
-    "BANKER_REDIS_MAX_DELIVERIES": 3,
-    # This worker's id (default: host-pid-random) and share of partitions.
-    "BANKER_REDIS_NODE_ID": None,
-    "BANKER_REDIS_NODE_CAPACITY": 1.0,
-    # Seconds without a heartbeat after which a node's partitions are reassigned.
-    "BANKER_REDIS_NODE_TIMEOUT": 30.0,
-    # Seconds between heartbeats (registry, lease renewal, partition table reload).
-    "BANKER_REDIS_HEARTBEAT": 2.0,
-    # Seconds between two runs of the expired-lease reaper (single-flight).
-    "BANKER_REDIS_REAP_INTERVAL": 5.0,
-    # Leased requests kept in memory (None: 2 x CONCURRENT_REQUESTS).
-    "BANKER_REDIS_BUFFER": None,
-    # Requests popped from one partition per round trip.
-    "BANKER_REDIS_POP_PER_PARTITION": 4,
-    # Longest pause (seconds) between two polls of an idle worker.
-    "BANKER_REDIS_IDLE_BACKOFF_MAX": 2.0,
-    # Seconds the whole crawl must stay empty before this worker reports idle
-    # (then a plain spider closes; a RedisSpider asks its start-URL key).
-    "BANKER_REDIS_IDLE_BEFORE_CLOSE": 5.0,
-    # Delete this crawl's keys (queues, seen sets, table) when the spider opens.
-    "BANKER_REDIS_FLUSH_ON_START": False,
-    # Network-aware placement (GNP coordinates, httpping, Hungarian assignment).
-    "BANKER_PLACEMENT": "hash",
-    "BANKER_PLACEMENT_TOPK": 3,
-    "BANKER_PLACEMENT_TOPK_CHOICE": "least_loaded",
-    "BANKER_PLACEMENT_COST": "latency",
-    "BANKER_PLACEMENT_INTERVAL": 10.0,
-    "BANKER_PLACEMENT_TOLERANCE": 0.1,
-    "BANKER_GNP_DIMS": 3,
-    "BANKER_GNP_LANDMARK": False,
-    "BANKER_GNP_REFERENCE_SITES": 8,
-    "BANKER_NET_MEASURE": True,
-    "BANKER_NET_WINDOW": 64,
-    "BANKER_PROBE_RATE": 5.0,
-    "BANKER_PROBE_SAMPLES": 3,
-    "BANKER_PROBE_PATH": "/robots.txt",
-    "BANKER_STORAGE_PROBE_BYTES": 100_000,
-    # Request classes (import paths) allowed back from JOBDIR besides Scrapy's own.
-    "BANKER_SERIALIZE_ALLOWED_CLASSES": [],
-    # Path of a JSON file the stats exporter writes when the spider closes.
-    "BANKER_STATS_FILE": None,
-    # Domain suffix that scrapy_banker.testing.resolver.FarmResolver maps to 127.0.0.1.
-    "BANKER_FARM_DOMAIN": "farm.test",
-}
+class CrawlerLike(Protocol):
+    """What the per-crawler loaders read of a crawler: only its settings.
+
+    :class:`~scrapy_banker.testing.resolver.FarmResolver` hands in Scrapy's
+    ``CrawlerProcess`` as its "crawler", so nothing more may be assumed.
+    """
+
+    @property
+    def settings(self) -> SettingsLike: ...
+
+
+#: Section of ``docs/settings.rst`` a setting is documented in (a test checks it).
+Group = Literal["general", "topics", "queue", "admission", "redis", "placement", "testing"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a parser may read besides its own value.
+
+    A few settings only make sense relative to others: a topic's default slice
+    is ``BANKER_TOPIC_SLICE``, task claims are bounded by ``BANKER_RESOURCES``,
+    two defaults follow Scrapy's ``CONCURRENT_REQUESTS``, and the Redis key
+    prefix names the spider.
+    """
+
+    settings: SettingsLike
+    spider: str = "spider"
+
+    def raw(self, name: str) -> Any:
+        """The value as given; unset (or ``None``) means the table's default."""
+        value = self.settings.get(name, None)
+        return DEFAULTS[name] if value is None else value
+
+    def parsed(self, name: str) -> Any:
+        """Another setting, through its own parser, so its errors name it."""
+        return SETTINGS[name].parse(name, self.raw(name), self)
+
+    def concurrent_requests(self) -> Any:
+        """Scrapy's ``CONCURRENT_REQUESTS`` (its default, 16, when read from a dict)."""
+        value = self.settings.get("CONCURRENT_REQUESTS", None)
+        return 16 if value is None else value
+
+
+Parser = Callable[[str, Any, Context], _T]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table; stored in the metadata of its config field."""
+
+    name: str
+    default: Any
+    parse: Parser[Any]
+    group: Group
+
+
+_META = "banker_setting"
+
+
+def setting(name: str, default: Any, parse: Parser[_T], *, group: Group) -> _T:
+    """Declare a config field as the setting ``name``.
+
+    The field's own default is ``default`` parsed, so ``BankerConfig()`` is the
+    configuration of an empty settings object and the default is written once.
+    """
+    return field(
+        default_factory=lambda: parse(name, default, Context({})),
+        metadata={_META: Setting(name, default, parse, group)},
+    )
+
 
 _TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TOPIC_KEYS = frozenset({"priority", "slice", "target"})
 _RULE_KEYS = frozenset({"url", "callback", "topic"})
 
 
-@dataclass(frozen=True)
-class TopicRule:
-    """One ``BANKER_TOPIC_RULES`` entry, compiled once at start-up."""
-
-    topic: str
-    url: re.Pattern[str] | None = None
-    callback: str | None = None
-
-    def matches(self, url: str, callback_name: str | None) -> bool:
-        if self.url is not None and self.url.search(url) is None:
-            return False
-        return not (self.callback is not None and self.callback != callback_name)
-
-
-@dataclass(frozen=True)
-class BankerConfig:
-    """Validated view of the ``BANKER_*`` settings."""
-
-    enabled: bool = True
-    topics: Mapping[str, TopicSpec] = field(default_factory=dict)
-    topic_rules: tuple[TopicRule, ...] = ()
-    default_topic: str = "default"
-    topic_slice: float = 1.0
-    topic_min_slice: float = 0.1
-    topic_slice_step: float = 0.1
-    topic_adjust_interval: float = 10.0
-    topic_max_wait: float = 30.0
-    queue_key: str = "host"
-    queue_hash: str = "bkdr"
-    bucket_capacity: int = 1024
-    directory_max_depth: int = 16
-    cache_bucket_size: int = 4096
-    serialize_allowed_classes: tuple[str, ...] = ()
-    resources: Mapping[str, int] = field(default_factory=dict)
-    task_claims: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    task_timeout: float = 300.0
-    admission_policy: str = "banker"
-    redis_retries: int = 5
-    redis_backoff_cap: float = 2.0
-    stats_file: str | None = None
-    farm_domain: str = "farm.test"
-
-    def topic_priority(self, topic: str) -> int:
-        spec = self.topics.get(topic)
-        return spec.priority if spec is not None else 0
-
-    def topic_for(self, url: str, callback_name: str | None) -> str:
-        """Topic of a request with no explicit ``banker_topic`` meta."""
-        for rule in self.topic_rules:
-            if rule.matches(url, callback_name):
-                return rule.topic
-        return self.default_topic
-
-
 def _bad(name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"Invalid {name}={value!r}: {allowed}")
-
-
-def _get(settings: SettingsLike, name: str) -> Any:
-    value = settings.get(name, None)
-    return DEFAULTS[name] if value is None else value
-
-
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in {"1", "0", "true", "false"}:
-        return value.strip().lower() in {"1", "true"}
-    raise _bad(name, value, "expected a boolean (True/False, 1/0, 'true'/'false')")
 
 
 def _as_topic_name(name: str, value: Any) -> str:
@@ -259,8 +185,108 @@ def _json_if_str(name: str, value: Any) -> Any:
     return value
 
 
-def _parse_topics(value: Any, default_slice: float) -> dict[str, TopicSpec]:
-    name = "BANKER_TOPICS"
+# -- parsers of the table: (name, raw value, context) -> validated value ---------------
+
+
+def boolean(name: str, value: Any, ctx: Context) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in {"1", "0", "true", "false"}:
+        return value.strip().lower() in {"1", "true"}
+    raise _bad(name, value, "expected a boolean (True/False, 1/0, 'true'/'false')")
+
+
+def positive_float(name: str, value: Any, ctx: Context) -> float:
+    return _as_float(name, value, 0.0)
+
+
+def non_negative_float(name: str, value: Any, ctx: Context) -> float:
+    return _as_float(name, value, 0.0, strict=False)
+
+
+def int_at_least(minimum: int) -> Parser[int]:
+    def parse(name: str, value: Any, ctx: Context) -> int:
+        return _as_positive_int(name, value, minimum)
+
+    return parse
+
+
+def one_of(*allowed: str) -> Parser[str]:
+    def parse(name: str, value: Any, ctx: Context) -> str:
+        if value not in allowed:
+            raise _bad(name, value, f"allowed: {sorted(allowed)}")
+        return str(value)
+
+    return parse
+
+
+def placement_choice(attr: Literal["MODES", "CHOICES", "COSTS"]) -> Parser[str]:
+    """Allowed values are read from :mod:`scrapy_banker.placement` when parsing.
+
+    Its registry of strategies is the one list of modes; importing it (and
+    numpy) only when a value is checked keeps this module light to import.
+    """
+
+    def parse(name: str, value: Any, ctx: Context) -> str:
+        from scrapy_banker import placement
+
+        allowed: tuple[str, ...] = getattr(placement, attr)
+        if value not in allowed:
+            raise _bad(name, value, f"expected one of {', '.join(allowed)}")
+        return str(value)
+
+    return parse
+
+
+def topic_name(name: str, value: Any, ctx: Context) -> str:
+    return _as_topic_name(name, value)
+
+
+def _optional_path(name: str, value: Any, ctx: Context) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _bad(name, value, "expected a file path string or None")
+    return value
+
+
+def _dns_suffix(name: str, value: Any, ctx: Context) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", value):
+        raise _bad(name, value, "expected a lower-case DNS suffix like 'farm.test'")
+    return value
+
+
+def _class_paths(name: str, value: Any, ctx: Context) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [c for c in value.split(",") if c.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(c, str) for c in value):
+        raise _bad(name, value, "expected a list of import path strings")
+    return tuple(c.strip() for c in value)
+
+
+def _directory_depth(name: str, value: Any, ctx: Context) -> int:
+    depth = _as_positive_int(name, value, 0)
+    if depth > 24:
+        raise _bad(name, depth, "expected an integer from 0 to 24")
+    return depth
+
+
+@dataclass(frozen=True)
+class TopicRule:
+    """One ``BANKER_TOPIC_RULES`` entry, compiled once at start-up."""
+
+    topic: str
+    url: re.Pattern[str] | None = None
+    callback: str | None = None
+
+    def matches(self, url: str, callback_name: str | None) -> bool:
+        if self.url is not None and self.url.search(url) is None:
+            return False
+        return not (self.callback is not None and self.callback != callback_name)
+
+
+def _topics(name: str, value: Any, ctx: Context) -> dict[str, TopicSpec]:
+    default_slice: float = ctx.parsed("BANKER_TOPIC_SLICE")
     value = _json_if_str(name, value)  # -s BANKER_TOPICS='{"news": 10}'
     if not isinstance(value, Mapping):
         raise _bad(name, value, 'expected a dict of topic -> priority, e.g. {"news": 10}')
@@ -285,8 +311,7 @@ def _parse_topics(value: Any, default_slice: float) -> dict[str, TopicSpec]:
     return out
 
 
-def _parse_rules(value: Any) -> tuple[TopicRule, ...]:
-    name = "BANKER_TOPIC_RULES"
+def _topic_rules(name: str, value: Any, ctx: Context) -> tuple[TopicRule, ...]:
     value = _json_if_str(name, value)
     if not isinstance(value, (list, tuple)):
         raise _bad(name, value, 'expected a list of {"url": regex, "topic": name} dicts')
@@ -340,277 +365,282 @@ def _parse_vector(name: str, value: Any, known: Mapping[str, int] | None) -> dic
     return out
 
 
-def load_config(settings: SettingsLike) -> BankerConfig:
-    """Validate every ``BANKER_*`` setting; raise ``ValueError`` naming the culprit."""
-    stats_file = _get(settings, "BANKER_STATS_FILE")
-    if stats_file is not None and (not isinstance(stats_file, str) or not stats_file):
-        raise _bad("BANKER_STATS_FILE", stats_file, "expected a file path string or None")
-    domain = _get(settings, "BANKER_FARM_DOMAIN")
-    if not isinstance(domain, str) or not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", domain):
-        raise _bad(
-            "BANKER_FARM_DOMAIN", domain, "expected a lower-case DNS suffix like 'farm.test'"
-        )
-    queue_key = _get(settings, "BANKER_QUEUE_KEY")
-    if queue_key not in KEY_POLICIES:
-        raise _bad("BANKER_QUEUE_KEY", queue_key, f"allowed: {sorted(KEY_POLICIES)}")
-    queue_hash = _get(settings, "BANKER_QUEUE_HASH")
-    if queue_hash not in ("bkdr", "mmh3"):
-        raise _bad("BANKER_QUEUE_HASH", queue_hash, "allowed: ['bkdr', 'mmh3']")
-    allowed = _get(settings, "BANKER_SERIALIZE_ALLOWED_CLASSES")
-    if isinstance(allowed, str):
-        allowed = [c for c in allowed.split(",") if c.strip()]
-    if not isinstance(allowed, (list, tuple)) or not all(isinstance(c, str) for c in allowed):
-        raise _bad(
-            "BANKER_SERIALIZE_ALLOWED_CLASSES", allowed, "expected a list of import path strings"
-        )
-    topic_slice = _as_float("BANKER_TOPIC_SLICE", _get(settings, "BANKER_TOPIC_SLICE"), 0.0)
-    min_slice = _as_float("BANKER_TOPIC_MIN_SLICE", _get(settings, "BANKER_TOPIC_MIN_SLICE"), 0.0)
-    if topic_slice < min_slice:
-        raise _bad(
-            "BANKER_TOPIC_SLICE", topic_slice, f"must be >= BANKER_TOPIC_MIN_SLICE ({min_slice})"
-        )
-    max_depth = _as_positive_int(
-        "BANKER_DIRECTORY_MAX_DEPTH", _get(settings, "BANKER_DIRECTORY_MAX_DEPTH"), 0
-    )
-    if max_depth > 24:
-        raise _bad("BANKER_DIRECTORY_MAX_DEPTH", max_depth, "expected an integer from 0 to 24")
-    topics = _parse_topics(_get(settings, "BANKER_TOPICS"), topic_slice)
-    for spec in topics.values():
-        if spec.slice_s < min_slice:
-            raise _bad(
-                f"BANKER_TOPICS[{spec.name!r}]['slice']",
-                spec.slice_s,
-                f"must be >= BANKER_TOPIC_MIN_SLICE ({min_slice})",
-            )
-    raw_resources = _json_if_str("BANKER_RESOURCES", _get(settings, "BANKER_RESOURCES"))
-    if isinstance(raw_resources, Mapping) and raw_resources.get("slots", 0) is None:
+def _resources(name: str, value: Any, ctx: Context) -> dict[str, int]:
+    value = _json_if_str(name, value)
+    if isinstance(value, Mapping) and value.get("slots", 0) is None:
         # "slots": None -> as many as Scrapy may download at once.
-        concurrent = settings.get("CONCURRENT_REQUESTS", None)
-        raw_resources = {**raw_resources, "slots": 16 if concurrent is None else concurrent}
-    resources = _parse_vector("BANKER_RESOURCES", raw_resources, None)
-    raw_claims = _json_if_str("BANKER_TASK_CLAIMS", _get(settings, "BANKER_TASK_CLAIMS"))
-    if not isinstance(raw_claims, Mapping):
-        raise _bad(
-            "BANKER_TASK_CLAIMS",
-            raw_claims,
-            'expected topic -> {resource: int}, e.g. {"shop": {"sessions": 1}}',
-        )
-    task_claims = {
-        _as_topic_name(f"BANKER_TASK_CLAIMS[{t!r}]", t): _parse_vector(
-            f"BANKER_TASK_CLAIMS[{t!r}]", c, resources
-        )
-        for t, c in raw_claims.items()
+        value = {**value, "slots": ctx.concurrent_requests()}
+    return _parse_vector(name, value, None)
+
+
+def _task_claims(name: str, value: Any, ctx: Context) -> dict[str, dict[str, int]]:
+    resources: dict[str, int] = ctx.parsed("BANKER_RESOURCES")
+    value = _json_if_str(name, value)
+    if not isinstance(value, Mapping):
+        raise _bad(name, value, 'expected topic -> {resource: int}, e.g. {"shop": {"sessions": 1}}')
+    return {
+        _as_topic_name(f"{name}[{t!r}]", t): _parse_vector(f"{name}[{t!r}]", c, resources)
+        for t, c in value.items()
     }
-    policy = _get(settings, "BANKER_ADMISSION_POLICY")
-    if policy not in ("banker", "naive"):
-        raise _bad("BANKER_ADMISSION_POLICY", policy, "allowed: ['banker', 'naive']")
-    return BankerConfig(
-        enabled=_as_bool("BANKER_ENABLED", _get(settings, "BANKER_ENABLED")),
-        resources=resources,
-        task_claims=task_claims,
-        task_timeout=_as_float("BANKER_TASK_TIMEOUT", _get(settings, "BANKER_TASK_TIMEOUT"), 0.0),
-        admission_policy=policy,
-        redis_retries=_as_positive_int(
-            "BANKER_REDIS_RETRIES", _get(settings, "BANKER_REDIS_RETRIES"), 0
-        ),
-        redis_backoff_cap=_as_float(
-            "BANKER_REDIS_BACKOFF_CAP", _get(settings, "BANKER_REDIS_BACKOFF_CAP"), 0.0
-        ),
-        topics=topics,
-        topic_slice=topic_slice,
-        topic_min_slice=min_slice,
-        topic_slice_step=_as_float(
-            "BANKER_TOPIC_SLICE_STEP", _get(settings, "BANKER_TOPIC_SLICE_STEP"), 0.0
-        ),
-        topic_adjust_interval=_as_float(
-            "BANKER_TOPIC_ADJUST_INTERVAL",
-            _get(settings, "BANKER_TOPIC_ADJUST_INTERVAL"),
-            0.0,
-            strict=False,
-        ),
-        topic_max_wait=_as_float(
-            "BANKER_TOPIC_MAX_WAIT", _get(settings, "BANKER_TOPIC_MAX_WAIT"), 0.0
-        ),
-        queue_key=queue_key,
-        queue_hash=queue_hash,
-        bucket_capacity=_as_positive_int(
-            "BANKER_BUCKET_CAPACITY", _get(settings, "BANKER_BUCKET_CAPACITY")
-        ),
-        directory_max_depth=max_depth,
-        cache_bucket_size=_as_positive_int(
-            "BANKER_CACHE_BUCKET_SIZE", _get(settings, "BANKER_CACHE_BUCKET_SIZE"), 0
-        ),
-        serialize_allowed_classes=tuple(c.strip() for c in allowed),
-        topic_rules=_parse_rules(_get(settings, "BANKER_TOPIC_RULES")),
-        default_topic=_as_topic_name(
-            "BANKER_DEFAULT_TOPIC", _get(settings, "BANKER_DEFAULT_TOPIC")
-        ),
-        stats_file=stats_file,
-        farm_domain=domain,
+
+
+def _redis_prefix(name: str, value: Any, ctx: Context) -> str:
+    if not isinstance(value, str) or not value:
+        raise _bad(name, value, "expected a non-empty string")
+    try:
+        prefix = value % {"spider": ctx.spider}
+    except (KeyError, ValueError, TypeError) as exc:
+        raise _bad(name, value, f"only %(spider)s may be interpolated ({exc})") from None
+    if "{" in prefix or "}" in prefix:
+        raise _bad(name, value, "braces are reserved for hash tags")
+    return prefix
+
+
+def _node_id(name: str, value: Any, ctx: Context) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value or "@" in value):
+        raise _bad(name, value, "expected a non-empty string without '@'")
+    return value
+
+
+def _redis_buffer(name: str, value: Any, ctx: Context) -> int:
+    if value is None:  # twice as many as Scrapy may download at once
+        return 2 * _as_positive_int("CONCURRENT_REQUESTS", ctx.concurrent_requests())
+    return _as_positive_int(name, value)
+
+
+def _probe_path(name: str, value: Any, ctx: Context) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise _bad(name, value, "expected a path starting with '/'")
+    return value
+
+
+# -- the table ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BankerConfig:
+    """Validated view of the ``BANKER_*`` settings the single-process suite reads."""
+
+    enabled: bool = setting("BANKER_ENABLED", True, boolean, group="general")
+    topics: Mapping[str, TopicSpec] = setting("BANKER_TOPICS", {}, _topics, group="topics")
+    topic_rules: tuple[TopicRule, ...] = setting(
+        "BANKER_TOPIC_RULES", [], _topic_rules, group="topics"
     )
+    default_topic: str = setting("BANKER_DEFAULT_TOPIC", "default", topic_name, group="topics")
+    topic_slice: float = setting("BANKER_TOPIC_SLICE", 1.0, positive_float, group="topics")
+    topic_min_slice: float = setting("BANKER_TOPIC_MIN_SLICE", 0.1, positive_float, group="topics")
+    topic_slice_step: float = setting(
+        "BANKER_TOPIC_SLICE_STEP", 0.1, positive_float, group="topics"
+    )
+    topic_adjust_interval: float = setting(
+        "BANKER_TOPIC_ADJUST_INTERVAL", 10.0, non_negative_float, group="topics"
+    )
+    topic_max_wait: float = setting("BANKER_TOPIC_MAX_WAIT", 30.0, positive_float, group="topics")
+    queue_key: str = setting("BANKER_QUEUE_KEY", "host", one_of(*KEY_POLICIES), group="queue")
+    queue_hash: str = setting("BANKER_QUEUE_HASH", "bkdr", one_of("bkdr", "mmh3"), group="queue")
+    bucket_capacity: int = setting("BANKER_BUCKET_CAPACITY", 1024, int_at_least(1), group="queue")
+    directory_max_depth: int = setting(
+        "BANKER_DIRECTORY_MAX_DEPTH", 16, _directory_depth, group="queue"
+    )
+    cache_bucket_size: int = setting(
+        "BANKER_CACHE_BUCKET_SIZE", 4096, int_at_least(0), group="queue"
+    )
+    serialize_allowed_classes: tuple[str, ...] = setting(
+        "BANKER_SERIALIZE_ALLOWED_CLASSES", [], _class_paths, group="queue"
+    )
+    resources: Mapping[str, int] = setting("BANKER_RESOURCES", {}, _resources, group="admission")
+    task_claims: Mapping[str, Mapping[str, int]] = setting(
+        "BANKER_TASK_CLAIMS", {}, _task_claims, group="admission"
+    )
+    task_timeout: float = setting("BANKER_TASK_TIMEOUT", 300.0, positive_float, group="admission")
+    admission_policy: str = setting(
+        "BANKER_ADMISSION_POLICY", "banker", one_of("banker", "naive"), group="admission"
+    )
+    redis_retries: int = setting("BANKER_REDIS_RETRIES", 5, int_at_least(0), group="redis")
+    redis_backoff_cap: float = setting(
+        "BANKER_REDIS_BACKOFF_CAP", 2.0, positive_float, group="redis"
+    )
+    stats_file: str | None = setting("BANKER_STATS_FILE", None, _optional_path, group="general")
+    farm_domain: str = setting("BANKER_FARM_DOMAIN", "farm.test", _dns_suffix, group="testing")
+
+    def _check(self) -> None:
+        """Rules between settings, once each is valid on its own."""
+        floor = self.topic_min_slice
+        if self.topic_slice < floor:
+            raise _bad(
+                "BANKER_TOPIC_SLICE",
+                self.topic_slice,
+                f"must be >= BANKER_TOPIC_MIN_SLICE ({floor})",
+            )
+        for spec in self.topics.values():
+            if spec.slice_s < floor:
+                raise _bad(
+                    f"BANKER_TOPICS[{spec.name!r}]['slice']",
+                    spec.slice_s,
+                    f"must be >= BANKER_TOPIC_MIN_SLICE ({floor})",
+                )
+
+    def topic_priority(self, topic: str) -> int:
+        spec = self.topics.get(topic)
+        return spec.priority if spec is not None else 0
+
+    def topic_for(self, url: str, callback_name: str | None) -> str:
+        """Topic of a request with no explicit ``banker_topic`` meta."""
+        for rule in self.topic_rules:
+            if rule.matches(url, callback_name):
+                return rule.topic
+        return self.default_topic
 
 
 @dataclass(frozen=True)
 class RedisConfig:
     """Validated view of the distributed-frontier settings (``BANKER_REDIS_*``)."""
 
-    prefix: str
-    partitions: int
-    cluster: bool
-    lease_ttl: float
-    max_deliveries: int
-    node_id: str | None
-    node_capacity: float
-    node_timeout: float
-    heartbeat: float
-    reap_interval: float
-    buffer: int
-    pop_per_partition: int
-    idle_backoff_max: float
-    idle_before_close: float
-    flush_on_start: bool
-
-
-def load_redis_config(settings: SettingsLike, spider_name: str = "spider") -> RedisConfig:
-    """Validate the ``BANKER_REDIS_*`` settings; ``ValueError`` naming the culprit."""
-    raw_prefix = _get(settings, "BANKER_REDIS_PREFIX")
-    if not isinstance(raw_prefix, str) or not raw_prefix:
-        raise _bad("BANKER_REDIS_PREFIX", raw_prefix, "expected a non-empty string")
-    try:
-        prefix = raw_prefix % {"spider": spider_name}
-    except (KeyError, ValueError, TypeError) as exc:
-        raise _bad(
-            "BANKER_REDIS_PREFIX", raw_prefix, f"only %(spider)s may be interpolated ({exc})"
-        ) from None
-    if "{" in prefix or "}" in prefix:
-        raise _bad("BANKER_REDIS_PREFIX", raw_prefix, "braces are reserved for hash tags")
-    node_id = settings.get("BANKER_REDIS_NODE_ID", None)
-    if node_id is not None and (not isinstance(node_id, str) or not node_id or "@" in node_id):
-        raise _bad("BANKER_REDIS_NODE_ID", node_id, "expected a non-empty string without '@'")
-    lease_ttl = _as_float("BANKER_REDIS_LEASE_TTL", _get(settings, "BANKER_REDIS_LEASE_TTL"), 0.0)
-    node_timeout = _as_float(
-        "BANKER_REDIS_NODE_TIMEOUT", _get(settings, "BANKER_REDIS_NODE_TIMEOUT"), 0.0
+    prefix: str = setting("BANKER_REDIS_PREFIX", "banker:%(spider)s", _redis_prefix, group="redis")
+    partitions: int = setting("BANKER_REDIS_PARTITIONS", 1024, int_at_least(1), group="redis")
+    cluster: bool = setting("BANKER_REDIS_CLUSTER", False, boolean, group="redis")
+    lease_ttl: float = setting("BANKER_REDIS_LEASE_TTL", 60.0, positive_float, group="redis")
+    max_deliveries: int = setting("BANKER_REDIS_MAX_DELIVERIES", 3, int_at_least(1), group="redis")
+    node_id: str | None = setting("BANKER_REDIS_NODE_ID", None, _node_id, group="redis")
+    node_capacity: float = setting("BANKER_REDIS_NODE_CAPACITY", 1.0, positive_float, group="redis")
+    node_timeout: float = setting("BANKER_REDIS_NODE_TIMEOUT", 30.0, positive_float, group="redis")
+    heartbeat: float = setting("BANKER_REDIS_HEARTBEAT", 2.0, positive_float, group="redis")
+    reap_interval: float = setting("BANKER_REDIS_REAP_INTERVAL", 5.0, positive_float, group="redis")
+    buffer: int = setting("BANKER_REDIS_BUFFER", None, _redis_buffer, group="redis")
+    pop_per_partition: int = setting(
+        "BANKER_REDIS_POP_PER_PARTITION", 4, int_at_least(1), group="redis"
     )
-    heartbeat = _as_float("BANKER_REDIS_HEARTBEAT", _get(settings, "BANKER_REDIS_HEARTBEAT"), 0.0)
-    if heartbeat * 2 > min(lease_ttl, node_timeout):
-        raise _bad(
-            "BANKER_REDIS_HEARTBEAT",
-            heartbeat,
-            f"must be at most half of BANKER_REDIS_LEASE_TTL ({lease_ttl}) and of "
-            f"BANKER_REDIS_NODE_TIMEOUT ({node_timeout}), or leases and nodes expire "
-            "between two heartbeats",
-        )
-    raw_buffer = settings.get("BANKER_REDIS_BUFFER", None)
-    if raw_buffer is None:
-        concurrent = settings.get("CONCURRENT_REQUESTS", None)
-        buffer = 2 * (16 if concurrent is None else _as_positive_int("CONCURRENT_REQUESTS",
-                                                                     concurrent))  # fmt: skip
-    else:
-        buffer = _as_positive_int("BANKER_REDIS_BUFFER", raw_buffer)
-    return RedisConfig(
-        prefix=prefix,
-        partitions=_as_positive_int(
-            "BANKER_REDIS_PARTITIONS", _get(settings, "BANKER_REDIS_PARTITIONS")
-        ),
-        cluster=_as_bool("BANKER_REDIS_CLUSTER", _get(settings, "BANKER_REDIS_CLUSTER")),
-        lease_ttl=lease_ttl,
-        max_deliveries=_as_positive_int(
-            "BANKER_REDIS_MAX_DELIVERIES", _get(settings, "BANKER_REDIS_MAX_DELIVERIES")
-        ),
-        node_id=node_id,
-        node_capacity=_as_float(
-            "BANKER_REDIS_NODE_CAPACITY", _get(settings, "BANKER_REDIS_NODE_CAPACITY"), 0.0
-        ),
-        node_timeout=node_timeout,
-        heartbeat=heartbeat,
-        reap_interval=_as_float(
-            "BANKER_REDIS_REAP_INTERVAL", _get(settings, "BANKER_REDIS_REAP_INTERVAL"), 0.0
-        ),
-        buffer=buffer,
-        pop_per_partition=_as_positive_int(
-            "BANKER_REDIS_POP_PER_PARTITION", _get(settings, "BANKER_REDIS_POP_PER_PARTITION")
-        ),
-        idle_backoff_max=_as_float(
-            "BANKER_REDIS_IDLE_BACKOFF_MAX", _get(settings, "BANKER_REDIS_IDLE_BACKOFF_MAX"), 0.0
-        ),
-        idle_before_close=_as_float(
-            "BANKER_REDIS_IDLE_BEFORE_CLOSE",
-            _get(settings, "BANKER_REDIS_IDLE_BEFORE_CLOSE"),
-            0.0,
-            strict=False,
-        ),
-        flush_on_start=_as_bool(
-            "BANKER_REDIS_FLUSH_ON_START", _get(settings, "BANKER_REDIS_FLUSH_ON_START")
-        ),
+    idle_backoff_max: float = setting(
+        "BANKER_REDIS_IDLE_BACKOFF_MAX", 2.0, positive_float, group="redis"
     )
+    idle_before_close: float = setting(
+        "BANKER_REDIS_IDLE_BEFORE_CLOSE", 5.0, non_negative_float, group="redis"
+    )
+    flush_on_start: bool = setting("BANKER_REDIS_FLUSH_ON_START", False, boolean, group="redis")
+
+    def _check(self) -> None:
+        """Rules between settings, once each is valid on its own."""
+        if self.heartbeat * 2 > min(self.lease_ttl, self.node_timeout):
+            raise _bad(
+                "BANKER_REDIS_HEARTBEAT",
+                self.heartbeat,
+                f"must be at most half of BANKER_REDIS_LEASE_TTL ({self.lease_ttl}) and of "
+                f"BANKER_REDIS_NODE_TIMEOUT ({self.node_timeout}), or leases and nodes expire "
+                "between two heartbeats",
+            )
 
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """Validated view of the network-aware placement settings."""
+    """Validated view of ``BANKER_PLACEMENT*``, ``BANKER_GNP_*`` and ``BANKER_PROBE_*``."""
 
-    mode: str
-    topk: int
-    topk_choice: str
-    cost: str
-    interval: float
-    tolerance: float
-    dims: int
-    landmark: bool
-    reference_sites: int
-    measure: bool
-    window: int
-    probe_rate: float
-    probe_samples: int
-    probe_path: str
-    storage_probe_bytes: int
+    mode: str = setting("BANKER_PLACEMENT", "hash", placement_choice("MODES"), group="placement")
+    topk: int = setting("BANKER_PLACEMENT_TOPK", 3, int_at_least(1), group="placement")
+    topk_choice: str = setting(
+        "BANKER_PLACEMENT_TOPK_CHOICE",
+        "least_loaded",
+        placement_choice("CHOICES"),
+        group="placement",
+    )
+    cost: str = setting(
+        "BANKER_PLACEMENT_COST", "latency", placement_choice("COSTS"), group="placement"
+    )
+    interval: float = setting("BANKER_PLACEMENT_INTERVAL", 10.0, positive_float, group="placement")
+    tolerance: float = setting(
+        "BANKER_PLACEMENT_TOLERANCE", 0.1, non_negative_float, group="placement"
+    )
+    dims: int = setting("BANKER_GNP_DIMS", 3, int_at_least(1), group="placement")
+    landmark: bool = setting("BANKER_GNP_LANDMARK", False, boolean, group="placement")
+    reference_sites: int = setting(
+        "BANKER_GNP_REFERENCE_SITES", 8, int_at_least(1), group="placement"
+    )
+    measure: bool = setting("BANKER_NET_MEASURE", True, boolean, group="placement")
+    window: int = setting("BANKER_NET_WINDOW", 64, int_at_least(3), group="placement")
+    probe_rate: float = setting("BANKER_PROBE_RATE", 5.0, non_negative_float, group="placement")
+    probe_samples: int = setting("BANKER_PROBE_SAMPLES", 3, int_at_least(1), group="placement")
+    probe_path: str = setting("BANKER_PROBE_PATH", "/robots.txt", _probe_path, group="placement")
+    storage_probe_bytes: int = setting(
+        "BANKER_STORAGE_PROBE_BYTES", 100_000, int_at_least(1), group="placement"
+    )
+
+    def _check(self) -> None:
+        """No rule between these settings."""
+
+
+# -- derived from the table --------------------------------------------------------------
+
+_SECTIONS: tuple[type[DataclassInstance], ...] = (BankerConfig, RedisConfig, PlacementConfig)
+
+#: Every setting by name, in declaration order.
+SETTINGS: dict[str, Setting] = {
+    spec.name: spec
+    for section in _SECTIONS
+    for spec in (f.metadata[_META] for f in fields(section))
+}
+#: Default value of every ``BANKER_*`` setting.  Documented one by one in
+#: ``docs/settings.rst``; a test keeps the two in sync.
+DEFAULTS: dict[str, Any] = {name: spec.default for name, spec in SETTINGS.items()}
+
+
+_S = TypeVar("_S", BankerConfig, RedisConfig, PlacementConfig)
+
+
+def _load(section: type[_S], ctx: Context) -> _S:
+    """Parse each field's setting, in declaration order, then the section's cross rules."""
+    values: dict[str, Any] = {}
+    for f in fields(section):
+        spec: Setting = f.metadata[_META]
+        values[f.name] = spec.parse(spec.name, ctx.raw(spec.name), ctx)
+    config = section(**values)
+    config._check()
+    return config
+
+
+def load_config(settings: SettingsLike) -> BankerConfig:
+    """Validate every ``BANKER_*`` setting; raise ``ValueError`` naming the culprit."""
+    return _load(BankerConfig, Context(settings))
+
+
+def load_redis_config(settings: SettingsLike, spider_name: str = "spider") -> RedisConfig:
+    """Validate the ``BANKER_REDIS_*`` settings; ``ValueError`` naming the culprit."""
+    return _load(RedisConfig, Context(settings, spider_name))
 
 
 def load_placement_config(settings: SettingsLike) -> PlacementConfig:
     """Validate ``BANKER_PLACEMENT*``, ``BANKER_GNP_*`` and ``BANKER_PROBE_*``."""
-    from scrapy_banker.placement import CHOICES, COSTS, MODES
+    return _load(PlacementConfig, Context(settings))
 
-    mode = _get(settings, "BANKER_PLACEMENT")
-    if mode not in MODES:
-        raise _bad("BANKER_PLACEMENT", mode, f"expected one of {', '.join(MODES)}")
-    choice = _get(settings, "BANKER_PLACEMENT_TOPK_CHOICE")
-    if choice not in CHOICES:
-        raise _bad("BANKER_PLACEMENT_TOPK_CHOICE", choice, f"expected one of {', '.join(CHOICES)}")
-    cost = _get(settings, "BANKER_PLACEMENT_COST")
-    if cost not in COSTS:
-        raise _bad("BANKER_PLACEMENT_COST", cost, f"expected one of {', '.join(COSTS)}")
-    path = _get(settings, "BANKER_PROBE_PATH")
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise _bad("BANKER_PROBE_PATH", path, "expected a path starting with '/'")
-    return PlacementConfig(
-        mode=mode,
-        topk=_as_positive_int("BANKER_PLACEMENT_TOPK", _get(settings, "BANKER_PLACEMENT_TOPK")),
-        topk_choice=choice,
-        cost=cost,
-        interval=_as_float(
-            "BANKER_PLACEMENT_INTERVAL", _get(settings, "BANKER_PLACEMENT_INTERVAL"), 0.0
-        ),
-        tolerance=_as_float(
-            "BANKER_PLACEMENT_TOLERANCE",
-            _get(settings, "BANKER_PLACEMENT_TOLERANCE"),
-            0.0,
-            strict=False,
-        ),
-        dims=_as_positive_int("BANKER_GNP_DIMS", _get(settings, "BANKER_GNP_DIMS")),
-        landmark=_as_bool("BANKER_GNP_LANDMARK", _get(settings, "BANKER_GNP_LANDMARK")),
-        reference_sites=_as_positive_int(
-            "BANKER_GNP_REFERENCE_SITES", _get(settings, "BANKER_GNP_REFERENCE_SITES")
-        ),
-        measure=_as_bool("BANKER_NET_MEASURE", _get(settings, "BANKER_NET_MEASURE")),
-        window=_as_positive_int("BANKER_NET_WINDOW", _get(settings, "BANKER_NET_WINDOW"), 3),
-        probe_rate=_as_float(
-            "BANKER_PROBE_RATE", _get(settings, "BANKER_PROBE_RATE"), 0.0, strict=False
-        ),
-        probe_samples=_as_positive_int(
-            "BANKER_PROBE_SAMPLES", _get(settings, "BANKER_PROBE_SAMPLES")
-        ),
-        probe_path=path,
-        storage_probe_bytes=_as_positive_int(
-            "BANKER_STORAGE_PROBE_BYTES", _get(settings, "BANKER_STORAGE_PROBE_BYTES")
-        ),
-    )
+
+# -- once per crawler --------------------------------------------------------------------
+# Scrapy's Settings is not hashable, the crawler is; weak keys let a finished
+# crawler (and its configs) be collected.  Components are built after the
+# add-ons changed the settings, and Scrapy freezes them right after.
+
+_CORE: weakref.WeakKeyDictionary[CrawlerLike, BankerConfig] = weakref.WeakKeyDictionary()
+_REDIS: weakref.WeakKeyDictionary[CrawlerLike, RedisConfig] = weakref.WeakKeyDictionary()
+_PLACEMENT: weakref.WeakKeyDictionary[CrawlerLike, PlacementConfig] = weakref.WeakKeyDictionary()
+
+
+def _once(
+    cache: weakref.WeakKeyDictionary[CrawlerLike, _T], crawler: CrawlerLike, load: Callable[[], _T]
+) -> _T:
+    config = cache.get(crawler)
+    if config is None:
+        config = cache[crawler] = load()
+    return config
+
+
+def core_config(crawler: CrawlerLike) -> BankerConfig:
+    """The crawler's :class:`BankerConfig`, parsed on first use and shared by its components."""
+    return _once(_CORE, crawler, lambda: load_config(crawler.settings))
+
+
+def redis_config(crawler: CrawlerLike) -> RedisConfig:
+    """The crawler's :class:`RedisConfig`; ``%(spider)s`` is its spider class's name."""
+    spider = getattr(getattr(crawler, "spidercls", None), "name", None) or "spider"
+    return _once(_REDIS, crawler, lambda: load_redis_config(crawler.settings, spider))
+
+
+def placement_config(crawler: CrawlerLike) -> PlacementConfig:
+    """The crawler's :class:`PlacementConfig`, parsed on first use."""
+    return _once(_PLACEMENT, crawler, lambda: load_placement_config(crawler.settings))

@@ -55,11 +55,15 @@ def test_project_settings_win_over_the_addon() -> None:
 
 
 def test_disabled_addon_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG):
         got = _applied({"ADDONS": {"scrapy_banker.Addon": 500}, "BANKER_ENABLED": False})
     assert got["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
     assert not any("scrapy_banker" in k for k in got["SPIDER_MIDDLEWARES"])  # type: ignore[union-attr]
     assert "BANKER_ENABLED is False" in caplog.text
+    # Switched off is not worth a warning on every crawl (Scrapy warns about a
+    # NotConfigured that carries a message).
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [w for w in warnings if "banker" in w]
 
 
 def test_invalid_setting_fails_at_startup() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -63,9 +64,14 @@ def test_adjuster_runs_on_a_timer_with_the_reactor() -> None:
         ({"BANKER_TOPICS": {"news": 1}}, "has a 'target'"),
     ],
 )
-def test_adjuster_not_configured(settings: dict[str, Any], why: str) -> None:
-    with pytest.raises(NotConfigured, match=why):
-        BankerTopicAdjuster.from_crawler(_crawler(settings))
+def test_adjuster_not_configured(
+    settings: dict[str, Any], why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    crawler = _crawler(settings)
+    with caplog.at_level(logging.DEBUG, "scrapy_banker"), pytest.raises(NotConfigured) as info:
+        BankerTopicAdjuster.from_crawler(crawler)
+    assert not info.value.args  # Scrapy logs a NotConfigured message as a warning
+    assert why in caplog.text
 
 
 def test_stats_file_written_atomically(tmp_path: Path) -> None:
@@ -80,6 +86,9 @@ def test_stats_file_written_atomically(tmp_path: Path) -> None:
     assert not Path(f"{path}.tmp").exists()
 
 
-def test_stats_file_not_configured_without_path() -> None:
-    with pytest.raises(NotConfigured, match="BANKER_STATS_FILE"):
-        BankerStatsFile.from_crawler(_crawler({}))
+def test_stats_file_not_configured_without_path(caplog: pytest.LogCaptureFixture) -> None:
+    crawler = _crawler({})
+    with caplog.at_level(logging.DEBUG, "scrapy_banker"), pytest.raises(NotConfigured) as info:
+        BankerStatsFile.from_crawler(crawler)
+    assert not info.value.args
+    assert "BANKER_STATS_FILE" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -143,9 +144,14 @@ def test_probe_responses_are_counted() -> None:
         ({"BANKER_PLACEMENT": "hash"}, "BANKER_PLACEMENT is 'hash'"),
     ],
 )
-def test_not_configured(settings: dict[str, Any], message: str) -> None:
-    with pytest.raises(NotConfigured, match=message):
-        NetworkMeasureMiddleware.from_crawler(_crawler(settings))
+def test_not_configured(
+    settings: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    crawler = _crawler(settings)
+    with caplog.at_level(logging.DEBUG, "scrapy_banker"), pytest.raises(NotConfigured) as info:
+        NetworkMeasureMiddleware.from_crawler(crawler)
+    assert not info.value.args  # Scrapy logs a NotConfigured message as a warning
+    assert message in caplog.text
 
 
 def test_default_settings_disable_the_middleware() -> None:

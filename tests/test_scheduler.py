@@ -322,3 +322,115 @@ def test_unparsable_url_is_logged_counted_and_skipped(caplog: pytest.LogCaptureF
     assert "unparsable URL" in caplog.text
     assert scheduler.enqueue_request(Request("http://ok.test/2"))
     assert len(scheduler) == 1
+
+
+# -- drop-in: what Scrapy's own scheduler accepts, and its stats keys ---------------------
+
+DROP_IN_SPIDER = '''
+import json, sys
+import scrapy
+from scrapy.crawler import CrawlerProcess
+from scrapy_banker.testing.resolver import farm_settings
+
+port, data_file, stats_file, jobdir, scheduler = sys.argv[1:6]
+
+
+class Spider(scrapy.Spider):
+    name = "dropin"
+
+    async def start(self):
+        yield scrapy.Request("data:,", callback=self.got)
+        yield scrapy.Request("data:,hello%20banker", callback=self.got)
+        yield scrapy.Request(f"file://{data_file}", callback=self.got)
+        yield scrapy.Request(f"http://h0000.farm.test:{port}/", callback=self.got)
+        # A callable in meta: nothing can serialize it, JOBDIR or Redis.
+        yield scrapy.Request(f"http://h0001.farm.test:{port}/", callback=self.got,
+                             meta={"hook": print})
+
+    def got(self, response):
+        yield {"url": response.url, "body": response.body[:40].decode("latin-1")}
+
+
+settings = {
+    **farm_settings(),
+    "ADDONS": {"scrapy_banker.Addon": 500},
+    "SCHEDULER": scheduler,
+    "BANKER_STATS_FILE": stats_file,
+    "FEEDS": {stats_file + ".items.jsonl": {"format": "jsonlines"}},
+    "LOG_LEVEL": "INFO",
+}
+if jobdir != "-":
+    settings["JOBDIR"] = jobdir
+if len(sys.argv) > 6:
+    settings["REDIS_URL"] = sys.argv[6]
+    settings["BANKER_REDIS_IDLE_BEFORE_CLOSE"] = 0.5
+process = CrawlerProcess(settings)
+process.crawl(Spider)
+process.start()
+'''
+
+
+def _drop_in_crawl(
+    tmp_path: Path, jobdir: str, scheduler: str = "scrapy_banker.scheduler.BankerScheduler",
+    *extra: str,
+) -> tuple[dict[str, Any], dict[str, str], str]:
+    import subprocess
+    import sys
+
+    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+
+    script = tmp_path / "spider.py"
+    script.write_text(DROP_IN_SPIDER)
+    data_file = tmp_path / "local.txt"
+    data_file.write_text("from a file\n")
+    stats_file = tmp_path / "stats.json"
+    with WebFarm(FarmConfig(seed=3, hosts=2, total_pages=4, latency_ms=1.0)) as farm:
+        proc = subprocess.run(
+            [sys.executable, str(script), str(farm.port), str(data_file), str(stats_file),
+             jobdir, scheduler, *extra],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads(stats_file.read_text())
+    lines = Path(f"{stats_file}.items.jsonl").read_text().splitlines()
+    items = [json.loads(line) for line in lines]
+    return stats, {item["url"]: item["body"] for item in items}, proc.stderr
+
+
+def _assert_all_fetched(fetched: dict[str, str], tmp_path: Path) -> None:
+    assert fetched["data:,"] == ""
+    assert fetched["data:,hello%20banker"] == "hello banker"
+    assert fetched[f"file://{tmp_path / 'local.txt'}"] == "from a file\n"
+    assert len(fetched) == 5  # and both farm pages
+
+
+def test_data_and_file_urls_are_fetched_with_scrapys_memory_stats(tmp_path: Path) -> None:
+    stats, fetched, log = _drop_in_crawl(tmp_path, "-")
+    _assert_all_fetched(fetched, tmp_path)
+    assert "unparsable URL" not in log and stats.get("banker/queue/malformed_url") is None
+    assert stats["scheduler/enqueued"] == stats["scheduler/enqueued/memory"] == 5
+    assert stats["scheduler/dequeued"] == stats["scheduler/dequeued/memory"] == 5
+    assert "scheduler/enqueued/disk" not in stats and "scheduler/unserializable" not in stats
+    # A default crawl is quiet: components that are simply off say nothing.
+    assert "WARNING: Disabled" not in log and "[scrapy.middleware] WARNING" not in log
+
+
+def test_jobdir_counts_disk_and_unserializable_as_scrapy_does(tmp_path: Path) -> None:
+    stats, fetched, _ = _drop_in_crawl(tmp_path, str(tmp_path / "job"))
+    _assert_all_fetched(fetched, tmp_path)
+    assert stats["scheduler/enqueued"] == 5 and stats["scheduler/dequeued"] == 5
+    assert stats["scheduler/enqueued/disk"] == stats["scheduler/dequeued/disk"] == 4
+    assert stats["scheduler/enqueued/memory"] == stats["scheduler/dequeued/memory"] == 1
+    assert stats["scheduler/unserializable"] == 1
+
+
+def test_data_and_file_urls_through_the_redis_store(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    stats, fetched, _ = _drop_in_crawl(
+        tmp_path, "-", "scrapy_banker.redis.scheduler.BankerRedisScheduler", redis_server.url
+    )
+    _assert_all_fetched(fetched, tmp_path)
+    assert stats["scheduler/enqueued/redis"] == stats["scheduler/dequeued/redis"] == 4
+    assert stats["scheduler/enqueued/memory"] == stats["scheduler/dequeued/memory"] == 1
+    assert stats["scheduler/unserializable"] == stats["banker/redis/unserializable"] == 1

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import ast
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scrapy_banker.settings import DEFAULTS, load_config, load_redis_config
+from scrapy_banker.settings import (
+    DEFAULTS,
+    SETTINGS,
+    BankerConfig,
+    PlacementConfig,
+    RedisConfig,
+    core_config,
+    load_config,
+    load_placement_config,
+    load_redis_config,
+    placement_config,
+    redis_config,
+)
 
 
 def test_defaults_load() -> None:
@@ -130,13 +144,65 @@ def test_invalid_values_name_setting_value_and_allowed(
         load_config(settings)
 
 
-def test_every_setting_is_documented_with_its_default() -> None:
+def _documented() -> dict[str, tuple[str, str]]:
+    """Setting -> (heading of the group it is documented under, its section)."""
     doc = (Path(__file__).parent.parent / "docs" / "settings.rst").read_text(encoding="utf-8")
-    documented = set(re.findall(r"^\.\. setting:: (BANKER_\w+)$", doc, flags=re.M))
-    assert documented == set(DEFAULTS)
-    for name in DEFAULTS:
-        section = doc.split(f".. setting:: {name}\n", 1)[1].split(".. setting::", 1)[0]
-        assert "Default:" in section, f"{name} has no documented default"
+    out: dict[str, tuple[str, str]] = {}
+    group = ""
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        if line and lines[i + 1 : i + 2] == ["-" * len(line)]:
+            group = line
+        found = re.fullmatch(r"\.\. setting:: (BANKER_\w+)", line)
+        if found:
+            section = doc.split(f"{line}\n", 1)[1].split(".. setting::", 1)[0]
+            out[found[1]] = (group, section)
+    return out
+
+
+def test_every_setting_is_documented_with_its_default_under_its_group() -> None:
+    documented = _documented()
+    assert set(documented) == set(DEFAULTS)
+    for name, spec in SETTINGS.items():
+        group, section = documented[name]
+        assert group.lower() == spec.group, f"{name} is documented under {group!r}"
+        default = re.search(r"^Default: ``(.+?)``", section, flags=re.M)
+        assert default is not None, f"{name} has no documented default"
+        assert ast.literal_eval(default[1]) == spec.default, f"{name}: documented {default[1]}"
+
+
+def test_each_setting_is_declared_once_and_the_config_defaults_are_its_defaults() -> None:
+    declared = [f.name for c in (BankerConfig, RedisConfig, PlacementConfig) for f in fields(c)]
+    assert len(SETTINGS) == len(declared) == len(DEFAULTS)
+    assert all(name.startswith("BANKER_") for name in SETTINGS)
+    assert BankerConfig() == load_config({})
+    assert RedisConfig() == load_redis_config({})
+    assert PlacementConfig() == load_placement_config({})
+
+
+class _Crawler:
+    def __init__(self, settings: dict[str, Any], spider_name: str | None = None) -> None:
+        self.settings = settings
+        self.spidercls = type("S", (), {"name": spider_name})
+
+
+def test_configs_are_parsed_once_per_crawler() -> None:
+    first = _Crawler({"BANKER_QUEUE_KEY": "domain", "BANKER_PLACEMENT": "top1"}, "shop")
+    second = _Crawler({})
+    for get in (core_config, redis_config, placement_config):
+        assert get(first) is get(first)
+        assert get(second) is not get(first)
+    assert core_config(first).queue_key == "domain"
+    assert core_config(second).queue_key == "host"
+    assert placement_config(first).mode == "top1"
+    assert redis_config(first).prefix == "banker:shop"
+    assert redis_config(second).prefix == "banker:spider"  # a spider class with no name
+
+
+def test_a_bad_value_fails_its_crawler_only() -> None:
+    with pytest.raises(ValueError, match="BANKER_TOPIC_SLICE"):
+        core_config(_Crawler({"BANKER_TOPIC_SLICE": -1}))
+    assert core_config(_Crawler({})).topic_slice == 1.0
 
 
 def test_redis_settings_defaults_and_interpolation() -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.resolver import CachingThreadedResolver
 from twisted.internet import defer
 
-from scrapy_banker.settings import load_config
+from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:
     from twisted.internet.base import ReactorBase
@@ -68,7 +68,7 @@ class FarmResolver(CachingThreadedResolver):
         settings = crawler.settings
         cache_size = settings.getint("DNSCACHE_SIZE") if settings.getbool("DNSCACHE_ENABLED") else 0
         # Validated like every BANKER_* setting: a bad suffix fails at start-up.
-        domain = load_config(settings).farm_domain
+        domain = core_config(crawler).farm_domain
         return cls(reactor, cache_size, settings.getfloat("DNS_TIMEOUT"), domain=domain)
 
     def is_farm_host(self, name: str) -> bool:

@@ -1,0 +1,205 @@
+"""``BankerScheduler``: the scheduler users put in ``SCHEDULER``.
+
+A thin shell holding Scrapy's ``BaseScheduler`` contract over named parts:
+
+* a :class:`~scrapy_banker.scheduler.classifier.Classifier` (request -> topic,
+  download slot, queue key, BKDR hash),
+* a :class:`~scrapy_banker.scheduler.downloader.DownloaderView` (slot keys and
+  room, like Scrapy's ``DownloaderInterface``),
+* the :class:`~scrapy_banker.scheduler.queue.LocalQueue` (topics, the
+  extendible-hash directory, slot lanes),
+* an :class:`~scrapy_banker.scheduler.gate.AdmissionGate` when
+  ``BANKER_RESOURCES`` is set (Banker's algorithm),
+* a request store: :class:`~scrapy_banker.scheduler.store.MemoryStore`
+  (dupefilter + JOBDIR) here, a Redis lease store in
+  :class:`~scrapy_banker.redis.scheduler.BankerRedisScheduler`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from scrapy import signals
+from scrapy.core.scheduler import BaseScheduler, Scheduler
+from scrapy.utils.misc import build_from_crawler
+
+from scrapy_banker.meta import META_SLOT
+from scrapy_banker.scheduler.classifier import Classifier
+from scrapy_banker.scheduler.counters import SchedulerCounters
+from scrapy_banker.scheduler.downloader import DownloaderView
+from scrapy_banker.scheduler.gate import AdmissionGate
+from scrapy_banker.scheduler.queue import LocalQueue
+from scrapy_banker.scheduler.store import MemoryStore, RequestStore, SchedulerParts
+from scrapy_banker.serialize import RequestCodec
+from scrapy_banker.settings import core_config
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
+
+    from scrapy_banker.admission import Admission
+    from scrapy_banker.directory import ExtendibleDirectory
+    from scrapy_banker.frontier import Entry
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["META_SLOT", "BankerScheduler"]
+
+
+class BankerScheduler(BaseScheduler):
+    """Topic-aware, download-slot-aware frontier with an extendible-hash directory."""
+
+    #: The request store this scheduler composes (built with ``build_from_crawler``).
+    store_class: ClassVar[Any] = MemoryStore
+
+    def __init__(self, parts: SchedulerParts, store: RequestStore) -> None:
+        self.parts = parts
+        self.crawler = parts.crawler
+        self.config = parts.config
+        self.stats = parts.stats
+        self.downloader = parts.downloader
+        self.classifier = parts.classifier
+        self.queue = parts.queue
+        self.topics = parts.queue.topics
+        self.frontier = parts.queue.frontier
+        self.store = store
+        self.gate = parts.gate
+        self.counters = SchedulerCounters(parts.stats)
+        self.clock = time.monotonic
+        self.spider: Spider | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> BaseScheduler:  # type: ignore[override]
+        config = core_config(crawler)
+        if not config.enabled:
+            # Disabled means "exactly what Scrapy would do".
+            logger.info("BANKER_ENABLED is False: using Scrapy's default scheduler")
+            return Scheduler.from_crawler(crawler)
+        assert crawler.stats is not None
+        downloader = DownloaderView(crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))
+        queue = LocalQueue(config, downloader.is_free, downloader.idle)
+        gate = AdmissionGate(config, crawler.stats, queue.requeue) if config.resources else None
+        parts = SchedulerParts(
+            crawler=crawler,
+            config=config,
+            stats=crawler.stats,
+            downloader=downloader,
+            classifier=Classifier(config, downloader, crawler.stats),
+            queue=queue,
+            codec=RequestCodec(config.serialize_allowed_classes),
+            gate=gate,
+        )
+        return cls(parts, build_from_crawler(cls.store_class, crawler, parts))
+
+    @property
+    def directory(self) -> ExtendibleDirectory[str]:
+        return self.queue.directory
+
+    @property
+    def admission(self) -> Admission | None:
+        return None if self.gate is None else self.gate.admission
+
+    # -- BaseScheduler contract ---------------------------------------------------
+
+    def open(self, spider: Spider) -> Deferred[None] | None:
+        self.spider = spider
+        self.downloader.attach(self.crawler)
+        connect = self.crawler.signals.connect
+        connect(self._request_left_downloader, signal=signals.request_left_downloader)
+        connect(self._request_dropped, signal=signals.request_dropped)
+        return self.store.open(spider)
+
+    def close(self, reason: str) -> Deferred[None] | None:
+        disconnect = self.crawler.signals.disconnect
+        disconnect(self._request_left_downloader, signal=signals.request_left_downloader)
+        disconnect(self._request_dropped, signal=signals.request_dropped)
+        now = self.clock()
+        if self.gate is not None:
+            self.gate.close(now)  # parked requests go back to the queue, and so to the store
+        self.counters.flush(now)
+        self.queue.publish_stats(self.stats)
+        return self.store.close(reason)
+
+    def has_pending_requests(self) -> bool:
+        gate = self.gate
+        return len(self.queue) > 0 or bool(gate and gate.parked) or self.store.has_pending()
+
+    def __len__(self) -> int:
+        return len(self.queue) + (len(self.gate) if self.gate else 0) + len(self.store)
+
+    def enqueue_request(self, request: Request) -> bool:
+        store = self.store
+        try:
+            if store.is_duplicate(request):
+                return False
+            c = self.classifier.classify(request)
+        except ValueError as exc:
+            # A URL nothing can parse (e.g. a broken IPv6 literal left by a
+            # middleware): say so instead of crashing the crawl.
+            logger.error("Dropping request with unparsable URL %s: %s", request, exc)
+            self.stats.inc_value("banker/queue/malformed_url")
+            return False
+        now = self.clock()
+        self.counters.count("enqueued", store.put(request, c, now), c.topic, now)
+        return True
+
+    def next_request(self) -> Request | None:
+        now = self.clock()
+        store = self.store
+        store.refill(now)
+        entry = self._pop(now)
+        if entry is None:
+            store.polled(None)
+            self.counters.flush(now)  # idle moment: make the counters exact
+            return None
+        request = entry.item
+        self.downloader.dispatched(request, entry.slot)
+        self.counters.count("dequeued", store.dispatched(request), entry.topic, now)
+        store.polled(request)
+        return request
+
+    def _pop(self, now: float) -> Entry[Request] | None:
+        queue, store, gate = self.queue, self.store, self.gate
+        if gate is not None:
+            gate.before_pop(now)
+        while (entry := queue.pop(now)) is not None:
+            if store.keep(entry) and (gate is None or gate.admit(entry)):
+                return entry
+        if gate is not None:
+            gate.nothing_to_dispatch(now, self.downloader.idle)
+        return None
+
+    # -- requests ending ---------------------------------------------------------------
+
+    def release(self, request: Request, outcome: str) -> bool:
+        """A request ended (``outcome``: how): free its slot and admission grant; idempotent.
+
+        Called by :class:`~scrapy_banker.middlewares.BankerDownloaderMiddleware`
+        for responses and exceptions, so requests that never reach the
+        downloader (IgnoreRequest, cached responses) are accounted for too.
+        """
+        self._ended(request)
+        return self.gate is not None and self.gate.release(request, outcome)
+
+    def _ended(self, request: Request) -> None:
+        slot = self.downloader.ended(request)
+        if slot is not None:
+            self.queue.slot_freed(slot)
+
+    def _request_left_downloader(self, request: Request, spider: Spider | None = None) -> None:
+        self._ended(request)
+        # The downloader wrote the slot it used into meta: if a middleware
+        # changed it, that slot has room now too.
+        slot = request.meta.get("download_slot")
+        if slot is not None:
+            self.queue.slot_freed(str(slot))
+        if self.gate is not None:  # usually released already by the middleware
+            self.gate.release(request, "left_downloader")
+
+    def _request_dropped(self, request: Request, spider: Spider | None = None) -> None:
+        self._ended(request)
+        if self.gate is not None:
+            self.gate.release(request, "dropped")

@@ -1,0 +1,128 @@
+"""The scheduler's view of Scrapy's downloader: slot keys, room per slot, idleness.
+
+Modelled on Scrapy's own ``DownloaderInterface`` (``scrapy/pqueues.py``),
+which hides the downloader from ``DownloaderAwarePriorityQueue``: one place
+knows how Scrapy names a slot and how full it is, so the scheduler and the
+stores never probe the downloader's attributes themselves.
+
+It also counts the requests the scheduler handed out per slot until they
+end.  Scrapy's ``slot.active`` is filled only once a request has passed the
+downloader middlewares, a loop tick after ``next_request``; under the asyncio
+reactor a burst of ``next_request`` calls would otherwise see every slot
+empty and put far more than ``CONCURRENT_REQUESTS_PER_DOMAIN`` requests on
+one host.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from scrapy.core.downloader import Downloader
+
+from scrapy_banker.hashing import host_of
+from scrapy_banker.meta import META_SLOT
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+__all__ = ["DownloaderView"]
+
+
+class DownloaderView:
+    """Slot keys and free room, as the running downloader sees them."""
+
+    def __init__(self, default_concurrency: int = 8) -> None:
+        self.default_concurrency = max(1, default_concurrency)
+        self.downloader: Any = None
+        # True when the slot key is Scrapy's rule (meta download_slot, else the
+        # host name), which we compute without urlparse_cached.
+        self.scrapy_slots = False
+        #: Requests handed to the engine and not ended yet, per slot.
+        self.inflight: dict[str, int] = {}
+
+    def attach(self, crawler: Crawler) -> None:
+        """Find the engine's downloader (none in unit tests and tools: nothing to protect)."""
+        try:
+            engine = crawler.engine
+        except RuntimeError:  # Scrapy >= 2.14 raises when there is no engine yet
+            engine = None
+        dl = self.downloader = getattr(engine, "downloader", None)
+        self.scrapy_slots = dl is not None and (
+            getattr(type(dl), "get_slot_key", None) is Downloader.get_slot_key
+            and not getattr(dl, "ip_concurrency", 0)
+        )
+
+    # -- slot keys -------------------------------------------------------------------
+
+    def slot_key(self, request: Request) -> str:
+        """The downloader's slot for ``request`` (its politeness unit).
+
+        Like Scrapy's ``Downloader.get_slot_key``, a URL without a host name
+        (``data:``, ``file:``) gets the empty slot rather than an error.
+        """
+        if self.scrapy_slots or self.downloader is None:
+            slot = request.meta.get("download_slot")
+            return host_of(request.url) if slot is None else str(slot)
+        return str(self.downloader.get_slot_key(request))
+
+    def slot_is_host(self, request: Request) -> bool:
+        """Whether :meth:`slot_key` is the request's host name (so it can double as the key)."""
+        return "download_slot" not in request.meta and (
+            self.scrapy_slots or self.downloader is None
+        )
+
+    # -- room ------------------------------------------------------------------------
+
+    def is_free(self, slot_key: str) -> bool:
+        if self.downloader is None:
+            return True
+        ours = self.inflight.get(slot_key, 0)
+        slot = self.downloader.slots.get(slot_key)
+        if slot is None:
+            return ours < self._slot_concurrency(slot_key)
+        return max(ours, len(slot.active)) < int(slot.concurrency)
+
+    def _slot_concurrency(self, slot_key: str) -> int:
+        """Concurrency the downloader will give a slot it has not created yet."""
+        dl = self.downloader
+        per_slot = getattr(dl, "per_slot_settings", {}).get(slot_key, {})
+        default = getattr(dl, "ip_concurrency", 0) or getattr(
+            dl, "domain_concurrency", self.default_concurrency
+        )
+        return max(1, int(per_slot.get("concurrency", default)))
+
+    def dispatched(self, request: Request, slot: str) -> None:
+        request.meta[META_SLOT] = slot
+        self.inflight[slot] = self.inflight.get(slot, 0) + 1
+
+    def ended(self, request: Request) -> str | None:
+        """A dispatched request ended (any path): the slot that has room again; idempotent."""
+        slot: str | None = request.meta.pop(META_SLOT, None)
+        if slot is None:
+            return None
+        left = self.inflight.get(slot, 0) - 1
+        if left > 0:
+            self.inflight[slot] = left
+        else:
+            self.inflight.pop(slot, None)
+        return slot
+
+    # -- the downloader as a whole ---------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        """Requests in the downloader now (0 without one)."""
+        return len(getattr(self.downloader, "active", ()) or ())
+
+    def idle(self) -> bool:
+        """Nothing in the downloader; forgets what we still counted as in flight."""
+        if self.downloader is None:
+            return True
+        active = getattr(self.downloader, "active", None)
+        if active is None or active:
+            return False
+        # Whatever we still count as in flight ended on a path we did not see
+        # (e.g. the engine dropped it).
+        self.inflight.clear()
+        return True

@@ -477,12 +477,15 @@ def seed_oracle(
     true_ms: Mapping[str, Mapping[str, float]],
 ) -> None:
     """Write the true RTTs and site partitions into Redis as if the fleet had measured them."""
+    from scrapy_banker.redis.keys import Keyspace
+
+    keys = Keyspace(prefix)
     pipe = client.pipeline(transaction=False)
     for site, partition in partitions.items():
-        pipe.hsetnx(f"{prefix}:sites", str(partition), site)  # first one wins, as published
-        pipe.hsetnx(f"{prefix}:schemes", site, "http")
+        pipe.hsetnx(keys.sites, str(partition), site)  # first one wins, as published
+        pipe.hsetnx(keys.schemes, site, "http")
     for node, row in true_ms.items():
-        pipe.hset(f"{prefix}:net:rtt:{node}", mapping={s: repr(ms) for s, ms in row.items()})
+        pipe.hset(keys.rtt(node), mapping={s: repr(ms) for s, ms in row.items()})
     pipe.execute()
 
 

@@ -17,7 +17,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ClusterCrossSlotError, MovedError
 
-from scrapy_banker.redis.frontier import NotOwner, RedisFrontier
+from scrapy_banker.redis.frontier import EnqueueOp, NotOwner, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.testing.redis_server import RedisClusterServer
 
@@ -191,25 +191,49 @@ def test_frontier_lifecycle_on_every_partition(
 def test_enqueue_many_pipelined_on_cluster(
     cluster_client: RedisCluster, frontier: RedisFrontier
 ) -> None:
-    items = [(p, f"fp-{p}", f"P{p}", 0, False) for p in range(PARTITIONS)]
-    items.append((0, "fp-0", "dup", 0, False))
+    items = [EnqueueOp(p, f"fp-{p}", f"P{p}") for p in range(PARTITIONS)]
+    items.append(EnqueueOp(0, "fp-0", "dup"))
     # redis-py's ClusterPipeline blocks script objects (EVALSHA is in
-    # PIPELINE_BLOCKED_COMMANDS): enqueue_many loads the script on every
+    # PIPELINE_BLOCKED_COMMANDS): the script runner loads the script on every
     # primary and sends raw EVALSHA instead.
     ids = frontier.enqueue_many(items)
     assert ids[-1] is None
     assert all(ids[:-1]) and len(set(ids[:-1])) == PARTITIONS
     for p in range(PARTITIONS):
         assert frontier.queued(p) == 1
-    # Nodes that lost their scripts (as after a restart): loaded again before the batch.
+    # Nodes that lost their scripts (as after a restart) answer NOSCRIPT: loaded again, re-sent.
     cluster_client.script_flush()
+    sha = frontier.scripts.sha("enqueue")
     for node in cluster_client.get_primaries():
-        assert cluster_client.get_redis_connection(node).script_exists(frontier._enqueue.sha) == [
-            False
-        ]
-    again = frontier.enqueue_many([(p, f"fp2-{p}", "x", 0, False) for p in range(PARTITIONS)])
+        assert cluster_client.get_redis_connection(node).script_exists(sha) == [False]
+    again = frontier.enqueue_many([EnqueueOp(p, f"fp2-{p}", "x") for p in range(PARTITIONS)])
     assert all(again)
     assert sum(frontier.queued(p) for p in range(PARTITIONS)) == 2 * PARTITIONS
+    for node in cluster_client.get_primaries():  # reloaded everywhere, not just where refused
+        assert cluster_client.get_redis_connection(node).script_exists(sha) == [True]
+
+
+def test_only_the_calls_a_node_refused_with_noscript_are_sent_again(
+    cluster_client: RedisCluster, frontier: RedisFrontier
+) -> None:
+    """One master restarted (its scripts lost): the others' calls must not run twice."""
+    assert frontier.enqueue(0, "warm-up", "x") is not None  # loaded on every primary
+    lost = cluster_client.get_primaries()[0]
+    cluster_client.get_redis_connection(lost).script_flush()
+    # dont_filter: a call sent twice would queue its request twice.
+    ops = [EnqueueOp(p, f"fp-{p}", f"P{p}", dont_filter=True) for p in range(PARTITIONS)]
+    on_lost = [p for p in range(PARTITIONS) if _serves(cluster_client, frontier, p, lost)]
+    assert on_lost and len(on_lost) < PARTITIONS
+    assert all(frontier.enqueue_many(ops))
+    assert [frontier.queued(p) for p in range(PARTITIONS)] == [
+        1 + (p == 0) for p in range(PARTITIONS)
+    ]
+
+
+def _serves(
+    client: RedisCluster, frontier: RedisFrontier, partition: int, node: ClusterNode
+) -> bool:
+    return client.get_node_from_key(frontier.keys(partition).queue).port == node.port
 
 
 # -- the node registry on the cluster ---------------------------------------------------

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import NotOwner, PopResult, RedisFrontier
+from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, NotOwner, PopResult, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.worker import FrontierWorker
 
 
 @pytest.fixture
@@ -89,18 +91,19 @@ def test_malformed_payload_can_be_dead_lettered_with_a_reason(frontier: RedisFro
 
 
 def test_pipelined_batch_enqueue(frontier: RedisFrontier) -> None:
-    items = [(p % 8, f"fp{p}", f"x{p}", 0, False) for p in range(40)]
-    ids = frontier.enqueue_many([*items, (0, "fp0", "dup", 0, False)])
+    items = [EnqueueOp(p % 8, f"fp{p}", f"x{p}") for p in range(40)]
+    ids = frontier.enqueue_many([*items, EnqueueOp(0, "fp0", "dup")])
     assert sum(i is not None for i in ids) == 40 and ids[-1] is None
     assert sum(frontier.queued(p) for p in range(8)) == 40
 
 
 def test_reaper_is_single_flight(frontier: RedisFrontier, redis_client: redis.Redis) -> None:
-    redis_client.set("t:reaper-lock", "node-b", px=5000)
+    lock = frontier.keyspace.reaper_lock
+    redis_client.set(lock, "node-b", px=5000)
     assert frontier.reap_all("node-a") is None
-    redis_client.delete("t:reaper-lock")
+    redis_client.delete(lock)
     assert frontier.reap_all("node-a") == (0, 0)
-    assert redis_client.get("t:reaper-lock") is None
+    assert redis_client.get(lock) is None
 
 
 def test_keys_of_a_partition_share_one_cluster_slot(frontier: RedisFrontier) -> None:
@@ -441,18 +444,20 @@ def test_clear_deletes_every_key_of_the_crawl_and_only_those(
     frontier.ack(leased[0].partition, [leased[0].id])
     frontier.nack(leased[1].partition, [leased[1].id])
     frontier.dead_letter(leased[2].partition, leased[2].id, "malformed")
-    redis_client.set("t:reaper-lock", "node-a", px=5000)
+    keys = frontier.keyspace
+    redis_client.set(keys.reaper_lock, "node-a", px=5000)
     # Placement state of this crawl goes; its network measurements stay.
-    for key in ("sites", "schemes", "net:placed", "net:backlog"):
-        redis_client.hset(f"t:{key}", "k", "1")
-    redis_client.set("t:net:plan-gate", "node-a", px=5000)
-    for key in ("net:rtt:node-a", "net:bw:node-a", "net:bs"):
-        redis_client.hset(f"t:{key}", "k", "1")
+    for key in (keys.sites, keys.schemes, keys.net_placed, keys.net_backlog):
+        redis_client.hset(key, "k", "1")
+    redis_client.set(keys.plan_gate, "node-a", px=5000)
+    measured = (keys.rtt("node-a"), keys.bw("node-a"), keys.net_bs)
+    for key in measured:
+        redis_client.hset(key, "k", "1")
     # Keys of another crawl and unrelated keys survive.
     neighbour = RedisFrontier(redis_client, prefix="t2", partitions=8)
     assert neighbour.enqueue(3, "seen-fp", "n") is not None
     redis_client.set("unrelated", "1")
-    survivors = {b"unrelated", b"t:net:rtt:node-a", b"t:net:bw:node-a", b"t:net:bs"}
+    survivors = {b"unrelated", *(key.encode() for key in measured)}
     survivors |= {k.encode() for k in vars(neighbour.keys(3)).values() if redis_client.exists(k)}
     before = set(redis_client.keys("*"))
     assert survivors < before
@@ -498,3 +503,68 @@ def test_delivery_tokens_make_a_stale_holders_ack_and_nack_no_ops(fast: RedisFro
     assert (fast.queued(3), fast.leased(3)) == (0, 1)
     assert fast.ack(3, [f"{rid}#{second.deliveries}"]) == 1
     assert fast.outstanding() == 0
+
+
+# -- typed values between the reactor and the worker thread ------------------------------
+
+
+def test_a_leased_request_carries_its_delivery_token(fast: RedisFrontier) -> None:
+    rid = fast.enqueue(3, "fp", "p")
+    assert rid is not None
+    (first,) = fast.pop(3, "node-a", 1)
+    assert first.token == LeaseToken(3, rid, 1)
+    assert first.token.ref == f"{rid}#1"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.token.delivery = 2  # type: ignore[misc]
+    assert not hasattr(first.token, "__dict__") and not hasattr(EnqueueOp(3, "f", "p"), "__dict__")
+    _wait_for_fast_expiry()
+    assert fast.reap(3) == (1, 0)
+    (second,) = fast.pop(3, "node-a", 1)
+    assert second.token == LeaseToken(3, rid, 2) != first.token
+    assert fast.ack(3, [first.token.ref]) == 0  # the stale holder's token
+    assert fast.ack(3, [second.token.ref]) == 1
+
+
+def test_the_worker_sends_typed_ops_and_forgets_every_token_handed_back(
+    fast: RedisFrontier, redis_client: redis.Redis
+) -> None:
+    registry = NodeRegistry(redis_client, fast)
+    worker = FrontierWorker(fast, registry, "node-a", pop_per_partition=10)
+    worker._heartbeat()  # joins: owns every partition
+    assert set(worker.owned) == set(range(8))
+    worker.enqueue(EnqueueOp(3, "a", "pa"))
+    worker.enqueue(EnqueueOp(3, "a", "dup"))  # seen: dropped
+    worker.enqueue(EnqueueOp(3, "a", "forced", dont_filter=True))
+    worker.enqueue(EnqueueOp(5, "b", "pb", priority=2))
+    worker.enqueue(EnqueueOp(5, "c", "pc"))
+    assert worker.pending_ops() == 5
+    assert worker._flush() == 1 and worker.pending_ops() == 0
+    assert (fast.queued(3), fast.queued(5)) == (2, 2)
+    worker.request(10)
+    assert worker._pop() == 4
+    leased = {x.payload: x for x in worker.inbound}
+    assert set(leased) == {"pa", "forced", "pb", "pc"}
+    assert worker._held == {
+        3: {leased["pa"].id, leased["forced"].id},
+        5: {leased["pb"].id, leased["pc"].id},
+    }
+
+    worker.ack(leased["pa"].token)
+    worker.ack(LeaseToken(5, leased["pb"].id, 7))  # a stale delivery: a no-op in Redis
+    worker.nack(leased["forced"].token)
+    worker.dead_letter(leased["pc"].token, "malformed: test")
+    assert worker.pending_ops() == 4
+    worker._flush()
+    assert worker.take_counters() == {
+        "banker/redis/partitions_moved": 8,
+        "banker/redis/enqueued": 4,
+        "banker/redis/duplicates": 1,
+        "banker/redis/popped": 4,
+        "banker/redis/acked": 1,
+        "banker/redis/nacked": 1,
+        "banker/redis/dead_lettered": 1,
+    }
+    assert (fast.queued(3), fast.leased(3)) == (1, 0)  # the nacked one is back
+    assert (fast.queued(5), fast.leased(5)) == (0, 1)  # pb is still leased
+    assert [d["reason"] for d in fast.dead_letters(5)] == ["malformed: test"]
+    assert worker._held == {}  # every token handed back is forgotten, whatever Redis said

@@ -133,8 +133,8 @@ def test_storage_bandwidth_measured_once_and_probe_key_deleted(
     assert agent.bs_key == f"{PREFIX}:net:bs"
     bs = redis_client.hget(agent.bs_key, "node-1")
     assert bs is not None and float(bs) > 0
-    assert redis_client.exists(f"{PREFIX}:net:bs-probe:node-1") == 0
-    assert redis_client.keys(f"{PREFIX}:net:bs-probe:*") == []
+    assert redis_client.exists(agent.keyspace.bs_probe("node-1")) == 0
+    assert redis_client.keys(agent.keyspace.bs_probe("*")) == []
     redis_client.hset(agent.bs_key, "node-1", "123.0")  # a re-measure would overwrite it
     agent.beat(registry)
     agent.beat(registry)
@@ -149,8 +149,8 @@ def test_link_stats_are_published_per_node(
     links.record("x.test", 0.050, 10_000, 0.5)  # 50 ms, 20 000 B/s
     links.record("y.test", 0.200, 0, 0.2)  # empty body: latency only
     agent.beat(registry)
-    rtt = {k: float(v) for k, v in _decode(redis_client.hgetall(f"{PREFIX}:net:rtt:n1")).items()}
-    bw = {k: float(v) for k, v in _decode(redis_client.hgetall(f"{PREFIX}:net:bw:n1")).items()}
+    rtt = {k: float(v) for k, v in _decode(redis_client.hgetall(agent.rtt_key("n1"))).items()}
+    bw = {k: float(v) for k, v in _decode(redis_client.hgetall(agent.bw_key("n1"))).items()}
     assert rtt == pytest.approx({"x.test": 50.0, "y.test": 200.0})
     assert bw == pytest.approx({"x.test": 20_000.0})
     assert agent.rtt_key("n1") == f"{PREFIX}:net:rtt:n1"
@@ -158,7 +158,7 @@ def test_link_stats_are_published_per_node(
     for _ in range(5):
         links.record("x.test", 0.010, 10_000, 0.1)
     agent.beat(registry)
-    new = float(redis_client.hget(f"{PREFIX}:net:rtt:n1", "x.test") or b"nan")
+    new = float(redis_client.hget(agent.rtt_key("n1"), "x.test") or b"nan")
     assert new == pytest.approx(links.snapshot()["x.test"]["rtt_ms"])
     assert new < 50.0
 

@@ -62,9 +62,9 @@ def test_clean_leave_and_single_flight(registry: NodeRegistry, redis_client: red
     registry.register("b")
     registry.rebalance("a")
     registry.leave("b")
-    redis_client.set("r:rebalance-lock", "a", px=5000)
+    redis_client.set(registry.lock_key, "a", px=5000)
     assert registry.rebalance("b") is None  # a rebalance is already running
-    redis_client.delete("r:rebalance-lock")
+    redis_client.delete(registry.lock_key)
     registry.rebalance("a")
     assert len(registry.owned("a")) == 64
 

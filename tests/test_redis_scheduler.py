@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier import LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisClusterServer, RedisServer
@@ -335,16 +335,23 @@ def test_two_workers_on_a_real_redis_cluster(farm: WebFarm, tmp_path: Path) -> N
         assert sum(s["banker/redis/acked"] for s in stats) == len(expected)
 
 
-@pytest.mark.parametrize("value", ["x|id#1", "99999|id#1", "3|", "no-bar", 42, None])
+@pytest.mark.parametrize(
+    "value",
+    ["3|fp:1#2", "x|id#1", "99999|id#1", "3|", "no-bar", 42, None,
+     LeaseToken(PARTITIONS, "id", 1), LeaseToken(-1, "id", 1)],
+)  # fmt: skip
 def test_a_hand_written_lease_meta_is_ignored(value: object) -> None:
+    """Only a lease token this store wrote, for a partition of this crawl, is a lease."""
     from scrapy import Request
     from scrapy.utils.test import get_crawler
 
     from scrapy_banker.redis.scheduler import META_LEASE, BankerRedisScheduler
+    from scrapy_banker.redis.store import RedisLeaseStore, lease_of
 
     crawler = get_crawler(settings_dict={"BANKER_REDIS_PARTITIONS": PARTITIONS})
     scheduler = BankerRedisScheduler.from_crawler(crawler)
     assert isinstance(scheduler, BankerRedisScheduler)
-    assert scheduler._lease_of(Request("http://a.test/", meta={META_LEASE: value})) is None
-    good = Request("http://a.test/", meta={META_LEASE: "3|fp:1#2"})
-    assert scheduler._lease_of(good) == (3, "fp:1#2")
+    assert isinstance(scheduler.store, RedisLeaseStore)
+    assert lease_of(Request("http://a.test/", meta={META_LEASE: value}), PARTITIONS) is None
+    good = LeaseToken(3, "fp:1", 2)
+    assert lease_of(Request("http://a.test/", meta={META_LEASE: good}), PARTITIONS) == good

@@ -9,11 +9,13 @@ reaper gives expired leases back to the queue -- or, after too many
 deliveries, to a dead-letter list with the reason.  Dedup and enqueue are one
 script, so a URL is never marked seen without being queued.
 
-Every key of a partition shares the hash tag ``{<prefix>:<partition>}``, so
-each script touches one cluster slot and works on Redis Cluster.  No
-``KEYS``/``SCAN``: partitions are addressed by number.  Payloads are opaque
-strings here (JSON requests, see :mod:`scrapy_banker.serialize`); nothing is
-ever unpickled.
+Every key of a partition shares the hash tag ``{<prefix>:<partition>}`` (see
+:mod:`scrapy_banker.redis.keys`), so each script touches one cluster slot and
+works on Redis Cluster.  No ``KEYS``/``SCAN``: partitions are addressed by
+number.  Every script runs through one
+:class:`~scrapy_banker.redis.scripts.ScriptRunner`, in pipelined batches; a
+single call is a batch of one.  Payloads are opaque strings here (JSON
+requests, see :mod:`scrapy_banker.serialize`); nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -22,38 +24,63 @@ import json
 import logging
 import random
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-import redis
-from redis.exceptions import NoScriptError
+from scrapy_banker.redis.keys import Keyspace, PartitionKeys, decode
+from scrapy_banker.redis.scripts import Busy, Fenced, ScriptCall, ScriptRunner
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
+    import redis
     from redis.cluster import RedisCluster
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Leased", "NotOwner", "PartitionKeys", "PopResult", "RedisFrontier"]
-
-#: Scripts run by name; each is loaded once per server and run by EVALSHA.
-_SCRIPTS = ("enqueue", "pop", "ack", "nack", "renew", "reap", "deadletter")
+__all__ = [
+    "EnqueueOp",
+    "LeaseToken",
+    "Leased",
+    "NotOwner",
+    "PartitionKeys",
+    "PopResult",
+    "RedisFrontier",
+]
 
 
 class NotOwner(RuntimeError):
     """The partition is owned by another node or epoch: this node is fenced off."""
 
 
-@dataclass(frozen=True)
-class PartitionKeys:
-    queue: str
-    leases: str
-    payloads: str
-    meta: str
-    owner: str
-    dead: str
-    seen: str
+@dataclass(frozen=True, slots=True)
+class EnqueueOp:
+    """A request to queue, handed from the reactor thread to the worker thread."""
+
+    partition: int
+    fingerprint: str
+    payload: str
+    priority: int = 0
+    #: Queue it even if its fingerprint was seen (Scrapy's ``dont_filter``).
+    dont_filter: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseToken:
+    """One delivery of a leased request: what acks, nacks and dead-letters it.
+
+    The delivery number makes the ack (or nack) of a slow holder whose lease
+    expired -- and went back to the queue, maybe to another node -- a no-op
+    instead of cancelling the new holder's delivery.
+    """
+
+    partition: int
+    id: str
+    delivery: int
+
+    @property
+    def ref(self) -> str:
+        """``id#delivery``, as the ack and nack scripts take it."""
+        return f"{self.id}#{self.delivery}"
 
 
 @dataclass(frozen=True)
@@ -62,6 +89,10 @@ class Leased:
     id: str
     payload: str
     deliveries: int
+
+    @property
+    def token(self) -> LeaseToken:
+        return LeaseToken(self.partition, self.id, self.deliveries)
 
 
 @dataclass
@@ -78,10 +109,6 @@ class PopResult:
     empty: list[int]
 
 
-def _script(name: str) -> str:
-    return resources.files("scrapy_banker.redis").joinpath("lua", f"{name}.lua").read_text("utf-8")
-
-
 class RedisFrontier:
     """The queue operations of one crawl's frontier, on a redis-py client."""
 
@@ -94,44 +121,22 @@ class RedisFrontier:
         lease_ttl_ms: int = 60_000,
         max_deliveries: int = 3,
     ) -> None:
+        self.keyspace = Keyspace(prefix, partitions)
         for name, value, low in (
-            ("partitions", partitions, 1),
             ("lease_ttl_ms", lease_ttl_ms, 1),
             ("max_deliveries", max_deliveries, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not prefix or any(c in prefix for c in "{}"):
-            raise ValueError(f"prefix must be non-empty and free of braces, got {prefix!r}")
         self.client = client
         self.prefix = prefix
         self.partitions = partitions
         self.lease_ttl_ms = lease_ttl_ms
         self.max_deliveries = max_deliveries
-        self._sources = {name: _script(name) for name in _SCRIPTS}
-        self._shas: dict[str, str] = {}
-        self._enqueue_source = self._sources["enqueue"]
-        self._enqueue = client.register_script(self._enqueue_source)
-        self._pop = client.register_script(self._sources["pop"])
-        self._ack = client.register_script(self._sources["ack"])
-        self._nack = client.register_script(self._sources["nack"])
-        self._renew = client.register_script(self._sources["renew"])
-        self._reap = client.register_script(self._sources["reap"])
-        self._deadletter = client.register_script(self._sources["deadletter"])
+        self.scripts = ScriptRunner(client)
 
     def keys(self, partition: int) -> PartitionKeys:
-        if not 0 <= partition < self.partitions:
-            raise ValueError(f"partition must be in [0, {self.partitions}), got {partition!r}")
-        tag = f"{{{self.prefix}:{partition}}}"
-        return PartitionKeys(
-            queue=f"{tag}:q",
-            leases=f"{tag}:leases",
-            payloads=f"{tag}:payloads",
-            meta=f"{tag}:meta",
-            owner=f"{tag}:owner",
-            dead=f"{tag}:dead",
-            seen=f"{tag}:seen",
-        )
+        return self.keyspace.partition(partition)
 
     # -- producing ----------------------------------------------------------------
 
@@ -144,59 +149,19 @@ class RedisFrontier:
         dont_filter: bool = False,
     ) -> str | None:
         """Queue a request unless its fingerprint was seen; returns its id or None."""
-        k = self.keys(partition)
-        result = self._enqueue(
-            keys=[k.queue, k.seen, k.payloads, k.meta],
-            args=[fingerprint, payload, int(priority), "1" if dont_filter else "0"],
-        )
-        return None if result is None else _text(result)
+        op = EnqueueOp(partition, fingerprint, payload, priority, dont_filter)
+        return self.enqueue_many([op])[0]
 
-    def enqueue_many(self, items: Iterable[tuple[int, str, str, int, bool]]) -> list[str | None]:
-        """Pipelined :meth:`enqueue`; items are (partition, fingerprint, payload, priority,
-        dont_filter)."""
-        calls: list[tuple[list[str], list[Any]]] = []
-        for partition, fingerprint, payload, priority, dont_filter in items:
-            k = self.keys(partition)
-            keys = [k.queue, k.seen, k.payloads, k.meta]
-            args: list[Any] = [fingerprint, payload, int(priority), "1" if dont_filter else "0"]
-            calls.append((keys, args))
-        results = self._evalsha_many("enqueue", calls)
-        for r in results:
-            if isinstance(r, Exception):
-                raise r
-        return [None if r is None else _text(r) for r in results]
-
-    def _evalsha_many(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Run one script many times in one round trip; errors come back in place.
-
-        Raw EVALSHA in a non-transactional pipeline: redis-py's cluster
-        pipeline refuses script objects, and raw commands work the same on a
-        single server.  A server restarted since the script was loaded
-        answers NOSCRIPT: the script is reloaded and only those calls are
-        sent again.  Every script is idempotent or deduplicated (enqueue by
-        its seen set), so re-sending is a duplicate at worst, never a loss.
-        """
-        results: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in (1, 2, 3):
-            sha = self._shas.get(name)
-            if sha is None or attempt > 1:
-                sha = self._shas[name] = str(self.client.script_load(self._sources[name]))
-            pipe = self.client.pipeline(transaction=False)
-            for i in todo:
-                keys, args = calls[i]
-                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-            answers = pipe.execute(raise_on_error=False)
-            retry = []
-            for i, answer in zip(todo, answers, strict=True):
-                if isinstance(answer, NoScriptError) and attempt < 3:
-                    retry.append(i)
-                else:
-                    results[i] = answer
-            if not retry:
-                break
-            todo = retry
-        return results
+    def enqueue_many(self, ops: Iterable[EnqueueOp]) -> list[str | None]:
+        """Pipelined :meth:`enqueue`: one round trip for the batch."""
+        calls = []
+        for op in ops:
+            k = self.keys(op.partition)
+            calls.append(ScriptCall(
+                [k.queue, k.seen, k.payloads, k.meta],
+                [op.fingerprint, op.payload, int(op.priority), "1" if op.dont_filter else "0"],
+            ))  # fmt: skip
+        return [None if r is None else decode(r) for r in self.scripts.values("enqueue", calls)]
 
     # -- ownership ------------------------------------------------------------------
 
@@ -205,63 +170,48 @@ class RedisFrontier:
 
     def owner(self, partition: int) -> str | None:
         value = self.client.get(self.keys(partition).owner)
-        return None if value is None else _text(value)
+        return None if value is None else decode(value)
 
     # -- consuming --------------------------------------------------------------------
 
     def pop(self, partition: int, node: str, epoch: int, count: int = 1) -> list[Leased]:
         """Lease up to ``count`` requests of a partition this node owns at ``epoch``."""
-        k = self.keys(partition)
-        try:
-            flat = self._pop(
-                keys=[k.queue, k.leases, k.payloads, k.meta, k.owner],
-                args=[node, int(epoch), self.lease_ttl_ms, int(count)],
-            )
-        except redis.ResponseError as exc:
-            if "NOTOWNER" in str(exc):
-                raise NotOwner(
-                    f"partition {partition} is not owned by {node}@{epoch} ({exc})"
-                ) from None
-            if str(exc).startswith("BUSY"):
-                return []  # the previous owner's requests are still in flight
-            raise
-        return _leased(partition, flat)
+        (answer,) = self._pop({partition: epoch}, node, count)
+        if isinstance(answer, Fenced):
+            raise NotOwner(f"partition {partition} is not owned by {node}@{epoch} ({answer.reply})")
+        if isinstance(answer, Busy):
+            return []  # the previous owner's requests are still in flight
+        return _leased(partition, answer)
 
     def pop_many(
         self, owned: Mapping[int, int], node: str, count_per_partition: int = 1
     ) -> PopResult:
         """:meth:`pop` on many partitions in one round trip; ``owned``: partition -> epoch."""
-        partitions = list(owned)
-        calls: list[tuple[list[str], list[Any]]] = []
-        for p in partitions:
-            k = self.keys(p)
-            calls.append((
-                [k.queue, k.leases, k.payloads, k.meta, k.owner],
-                [node, int(owned[p]), self.lease_ttl_ms, int(count_per_partition)],
-            ))  # fmt: skip
         result = PopResult([], [], [], [])
-        for p, answer in zip(partitions, self._evalsha_many("pop", calls), strict=True):
-            if isinstance(answer, redis.ResponseError):
-                text = str(answer)
-                if "NOTOWNER" in text:
-                    result.not_owned.append(p)
-                elif text.startswith("BUSY"):
-                    result.busy.append(p)
-                else:
-                    raise answer
-            elif isinstance(answer, Exception):
-                raise answer
+        for p, answer in zip(owned, self._pop(owned, node, count_per_partition), strict=True):
+            if isinstance(answer, Fenced):
+                result.not_owned.append(p)
+            elif isinstance(answer, Busy):
+                result.busy.append(p)
             elif answer:
                 result.leased.extend(_leased(p, answer))
             else:
                 result.empty.append(p)
         return result
 
+    def _pop(self, owned: Mapping[int, int], node: str, count: int) -> list[Any]:
+        calls = []
+        for p, epoch in owned.items():
+            k = self.keys(p)
+            calls.append(ScriptCall(
+                [k.queue, k.leases, k.payloads, k.meta, k.owner],
+                [node, int(epoch), self.lease_ttl_ms, int(count)],
+            ))  # fmt: skip
+        return self.scripts.run("pop", calls)
+
     def ack(self, partition: int, ids: Sequence[str]) -> int:
-        if not ids:
-            return 0
-        k = self.keys(partition)
-        return int(self._ack(keys=[k.leases, k.payloads, k.meta], args=list(ids)))
+        """Forget processed requests; ids, or ``id#delivery`` (:attr:`LeaseToken.ref`)."""
+        return self.ack_many({partition: ids})
 
     def ack_many(self, ids: Mapping[int, Sequence[str]]) -> int:
         """Pipelined :meth:`ack`: partition -> ids."""
@@ -274,6 +224,9 @@ class RedisFrontier:
     def nack_many(self, ids: Mapping[int, Sequence[str]]) -> int:
         return self._per_partition("nack", ids, lambda k: [k.queue, k.leases, k.meta], [])
 
+    def renew(self, partition: int, ids: Sequence[str]) -> int:
+        return self.renew_many({partition: ids})
+
     def renew_many(self, ids: Mapping[int, Sequence[str]]) -> int:
         return self._per_partition("renew", ids, lambda k: [k.leases], [self.lease_ttl_ms])
 
@@ -282,15 +235,12 @@ class RedisFrontier:
         name: str,
         ids: Mapping[int, Sequence[str]],
         keys_of: Callable[[PartitionKeys], list[str]],
-        head: list[Any],
+        head: list[str | int],
     ) -> int:
-        calls = [(keys_of(self.keys(p)), [*head, *batch]) for p, batch in ids.items() if batch]
-        total = 0
-        for answer in self._evalsha_many(name, calls):
-            if isinstance(answer, Exception):
-                raise answer
-            total += int(answer)
-        return total
+        calls = [
+            ScriptCall(keys_of(self.keys(p)), [*head, *batch]) for p, batch in ids.items() if batch
+        ]
+        return sum(int(answer) for answer in self.scripts.values(name, calls))
 
     def outstanding(self, *, any_: bool = False, chunk: int = 128) -> int:
         """Requests queued or leased in the whole crawl: 0 means the crawl is done.
@@ -340,42 +290,19 @@ class RedisFrontier:
     def clear(self) -> int:
         """Delete every key of this crawl (all partitions): a fresh start.
 
-        Placement state tied to the old table goes too (the partition -> site
-        map, the placed costs, the backlogs, the plan gate); the fleet's
-        network measurements (``{prefix}:net:rtt:*``, ``:net:bw:*``,
-        ``:net:bs``) are kept on purpose: links do not change between
-        crawls, and a re-crawl that finds them places its sites at once.
+        What goes and what stays (the fleet's network measurements) is
+        :meth:`Keyspace.cleared <scrapy_banker.redis.keys.Keyspace.cleared>`;
+        returns how many keys existed.
         """
         pipe = self.client.pipeline(transaction=False)
-        for p in range(self.partitions):
-            k = self.keys(p)
-            for key in (k.queue, k.leases, k.payloads, k.meta, k.owner, k.dead, k.seen):
-                pipe.delete(key)
-        for suffix in (
-            "nodes",
-            "heartbeats",
-            "table",
-            "rebalance-lock",
-            "reaper-lock",
-            "sites",
-            "schemes",
-            "net:placed",
-            "net:backlog",
-            "net:plan-gate",
-        ):
-            pipe.delete(f"{self.prefix}:{suffix}")
+        for key in self.keyspace.cleared():
+            pipe.delete(key)
         return sum(int(n) for n in pipe.execute())
 
-    def renew(self, partition: int, ids: Sequence[str]) -> int:
-        if not ids:
-            return 0
-        k = self.keys(partition)
-        return int(self._renew(keys=[k.leases], args=[self.lease_ttl_ms, *ids]))
-
-    def _reap_call(self, partition: int, limit: int) -> tuple[list[str], list[Any]]:
+    def _reap_call(self, partition: int, limit: int) -> ScriptCall:
         k = self.keys(partition)
         keys = [k.queue, k.leases, k.payloads, k.meta, k.dead]
-        return keys, [self.max_deliveries, int(limit), partition]
+        return ScriptCall(keys, [self.max_deliveries, int(limit), partition])
 
     def _reaped(self, partition: int, answer: Any) -> tuple[int, int]:
         requeued, dead = int(answer[0]), int(answer[1])
@@ -388,8 +315,8 @@ class RedisFrontier:
 
     def reap(self, partition: int, limit: int = 1000) -> tuple[int, int]:
         """Expired leases: back to the queue, or dead-lettered; returns (requeued, dead)."""
-        keys, args = self._reap_call(partition, limit)
-        return self._reaped(partition, self._reap(keys=keys, args=args))
+        (answer,) = self.scripts.values("reap", [self._reap_call(partition, limit)])
+        return self._reaped(partition, answer)
 
     def reap_all(
         self, node: str, lock_ttl_ms: int = 10_000, chunk: int = 128
@@ -400,7 +327,7 @@ class RedisFrontier:
         one at a time cost an idle worker of a 1024-partition crawl ~1,000
         round trips every reap interval, most of them on empty lease sets.
         """
-        lock = f"{self.prefix}:reaper-lock"
+        lock = self.keyspace.reaper_lock
         if not self.client.set(lock, node, nx=True, px=lock_ttl_ms):
             return None
         requeued = dead = 0
@@ -408,30 +335,28 @@ class RedisFrontier:
             for start in range(0, self.partitions, max(1, chunk)):
                 parts = range(start, min(self.partitions, start + max(1, chunk)))
                 calls = [self._reap_call(partition, 1000) for partition in parts]
-                for partition, answer in zip(parts, self._evalsha_many("reap", calls), strict=True):
-                    if isinstance(answer, Exception):
-                        raise answer
+                answers = self.scripts.values("reap", calls)
+                for partition, answer in zip(parts, answers, strict=True):
                     r, d = self._reaped(partition, answer)
                     requeued += r
                     dead += d
         finally:
             # Release only our own lock (it may have expired and been taken).
-            if _text(self.client.get(lock) or b"") == node:
+            if decode(self.client.get(lock) or b"") == node:
                 self.client.delete(lock)
         return requeued, dead
 
     def dead_letter(self, partition: int, request_id: str, reason: str) -> None:
         """Move a leased request to the dead-letter list now (e.g. a malformed payload)."""
         k = self.keys(partition)
-        self._deadletter(
-            keys=[k.leases, k.payloads, k.meta, k.dead], args=[request_id, reason, partition]
-        )
+        keys = [k.leases, k.payloads, k.meta, k.dead]
+        self.scripts.values("deadletter", [ScriptCall(keys, [request_id, reason, partition])])
 
     def dead_letters(self, partition: int) -> list[dict[str, Any]]:
         """The partition's dead letters; a binary payload comes back lossily decoded."""
         out: list[dict[str, Any]] = []
         for raw in self.client.lrange(self.keys(partition).dead, 0, -1):
-            text = _text(raw, lossy=True)
+            text = decode(raw, lossy=True)
             try:
                 out.append(json.loads(text))
             except ValueError:
@@ -452,12 +377,6 @@ def _leased(partition: int, flat: Sequence[Any]) -> list[Leased]:
     # the worker here: decoded lossily, the codec refuses it and the caller
     # dead-letters it.
     return [
-        Leased(partition, _text(flat[i]), _text(flat[i + 1], lossy=True), int(flat[i + 2]))
+        Leased(partition, decode(flat[i]), decode(flat[i + 1], lossy=True), int(flat[i + 2]))
         for i in range(0, len(flat), 3)
     ]
-
-
-def _text(value: Any, lossy: bool = False) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace" if lossy else "strict")
-    return str(value)

@@ -15,10 +15,10 @@ per heartbeat, so the reactor never waits on Redis:
   ``{prefix}:net:plan-gate``, which expires after the interval, then under
   the registry's rebalance lock) reads what the fleet measured and each
   site partition's backlog (published as ``{prefix}:net:backlog``, so that
-  every prober measures the largest sites first), runs
-  :func:`scrapy_banker.placement.plan` and moves the partitions whose owner
-  changed -- with new epochs, so the hand-over is fenced exactly like a
-  rebalance.
+  every prober measures the largest sites first), runs the
+  :mod:`scrapy_banker.placement` strategy ``BANKER_PLACEMENT`` names and
+  moves the partitions whose owner changed -- with new epochs, so the
+  hand-over is fenced exactly like a rebalance.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.netstats import LinkStats, storage_bandwidth
 from scrapy_banker.partitions import Move, PartitionTable
-from scrapy_banker.placement import Observations, plan
+from scrapy_banker.placement import Observations, PlacementProblem, PlacementResult, strategy
+from scrapy_banker.redis.keys import Keyspace, decode
 
 if TYPE_CHECKING:
     import redis
@@ -46,20 +47,16 @@ logger = logging.getLogger(__name__)
 __all__ = ["PlacementAgent"]
 
 
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def _floats(raw: Mapping[Any, Any]) -> dict[str, float]:
     """Decode a Redis hash of numbers, skipping (not crashing on) garbage."""
     out: dict[str, float] = {}
     for key, value in raw.items():
         try:
-            number = float(_text(value))
+            number = float(decode(value, lossy=True))
         except ValueError:
             continue
         if math.isfinite(number) and number >= 0:
-            out[_text(key)] = number
+            out[decode(key, lossy=True)] = number
     return out
 
 
@@ -67,7 +64,7 @@ class PlacementAgent:
     def __init__(
         self,
         client: redis.Redis | RedisCluster,
-        prefix: str,
+        prefix: str | Keyspace,
         node: str,
         config: PlacementConfig,
         links: LinkStats,
@@ -76,7 +73,9 @@ class PlacementAgent:
         backlog: Callable[[Iterable[int]], Mapping[int, int]] | None = None,
     ) -> None:
         self.client = client
-        self.prefix = prefix
+        #: The crawl's key names (a bare prefix will do: placement keys are fleet-wide).
+        self.keyspace = prefix if isinstance(prefix, Keyspace) else Keyspace(prefix)
+        self.prefix = self.keyspace.prefix
         self.node = node
         self.config = config
         self.links = links
@@ -84,14 +83,14 @@ class PlacementAgent:
         #: Requests queued or leased per partition (``RedisFrontier.backlog``): the
         #: partitions' sizes for topk and hungarian plans, and the probe order.
         self.backlog = backlog
-        self.sites_key = f"{prefix}:sites"
-        self.schemes_key = f"{prefix}:schemes"
-        self.bs_key = f"{prefix}:net:bs"
+        self.sites_key = self.keyspace.sites
+        self.schemes_key = self.keyspace.schemes
+        self.bs_key = self.keyspace.net_bs
         #: partition -> its cost when a hungarian plan placed it (for minimal-move re-plans).
-        self.placed_key = f"{prefix}:net:placed"
+        self.placed_key = self.keyspace.net_placed
         #: Held for one interval by the node that planned: one plan per interval
         #: fleet-wide, not one per node (a plan costs ~0.2 s of CPU with GNP).
-        self.plan_key = f"{prefix}:net:plan-gate"
+        self.plan_key = self.keyspace.plan_gate
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[str, str]] = {}
         self._noted: set[int] = set()
@@ -99,22 +98,20 @@ class PlacementAgent:
         self._storage_done = False
         self._next_plan = 0.0
         self._replan = False
-        self._placed_out: dict[int, float] = {}
         #: netloc -> scheme of every site the fleet knows (read by the prober).
         self.known: dict[str, str] = {}
         #: netloc -> requests queued or leased for it at the last plan, fleet-wide
         #: (``{prefix}:net:backlog``): the prober measures the largest sites first.
         #: Replaced, never mutated, so the reactor thread can read it safely.
         self.backlogs: dict[str, float] = {}
-        self.backlog_key = f"{prefix}:net:backlog"
-        self._site_backlog: dict[str, int] = {}
+        self.backlog_key = self.keyspace.net_backlog
         self.runs = 0
 
     def rtt_key(self, node: str) -> str:
-        return f"{self.prefix}:net:rtt:{node}"
+        return self.keyspace.rtt(node)
 
     def bw_key(self, node: str) -> str:
-        return f"{self.prefix}:net:bw:{node}"
+        return self.keyspace.bw(node)
 
     # -- reactor thread ---------------------------------------------------------------
 
@@ -147,7 +144,8 @@ class PlacementAgent:
         if not self._storage_done:
             self._measure_storage()
         self._publish()
-        self.known = {_text(k): _text(v) for k, v in client.hgetall(self.schemes_key).items()}
+        schemes = client.hgetall(self.schemes_key).items()
+        self.known = {decode(k, lossy=True): decode(v, lossy=True) for k, v in schemes}
         backlogs = _floats(client.hgetall(self.backlog_key))
         if backlogs != self.backlogs:
             self.backlogs = backlogs
@@ -164,26 +162,23 @@ class PlacementAgent:
                 client.set(self.plan_key, self.node, px=interval_ms)
             elif not client.set(self.plan_key, self.node, nx=True, px=interval_ms):
                 return []  # another node planned less than an interval ago
-        self._placed_out = {}
-        self._site_backlog = {}
-        moves = registry.update(self.node, self._plan)
+        # registry.update passes on only the moves; the rest of the plan is kept
+        # here, to be published once the table is written.
+        planned: list[tuple[PlacementProblem, PlacementResult]] = []
+
+        def change(table: PartitionTable, live: dict[str, float]) -> list[Move]:
+            problem, result = self._plan(table, live)
+            planned.append((problem, result))
+            return table.assign({p: result.owners[p] for p in result.moves})
+
+        moves = registry.update(self.node, change)
         if moves is None:  # a rebalance holds the table: retry on the next beat
             if interval_ms > 0:
                 client.delete(self.plan_key)
             self._next_plan = now
             return []
-        if self._site_backlog:
-            pipe = client.pipeline(transaction=False)
-            pipe.delete(self.backlog_key)
-            pipe.hset(self.backlog_key, mapping={s: n for s, n in self._site_backlog.items()})
-            pipe.execute()
-        if self._placed_out:  # after the table was written: costs of the owners now in force
-            pipe = client.pipeline(transaction=False)
-            pipe.delete(self.placed_key)
-            pipe.hset(
-                self.placed_key, mapping={str(p): repr(c) for p, c in self._placed_out.items()}
-            )
-            pipe.execute()
+        for problem, result in planned[-1:]:
+            self._publish_plan(problem, result)
         self.runs += 1
         if moves:
             logger.info("Placement (%s): %d partitions moved", self.config.mode, len(moves))
@@ -199,7 +194,7 @@ class PlacementAgent:
         self._replan = True
 
     def _measure_storage(self) -> None:
-        probe_key = f"{self.prefix}:net:bs-probe:{self.node}"
+        probe_key = self.keyspace.bs_probe(self.node)
         bs = storage_bandwidth(
             lambda blob: self.client.set(probe_key, blob, px=60_000),
             size=self.config.storage_probe_bytes,
@@ -233,7 +228,7 @@ class PlacementAgent:
         sites: dict[int, str] = {}
         for key, value in client.hgetall(self.sites_key).items():
             try:
-                sites[int(_text(key))] = _text(value)
+                sites[int(decode(key, lossy=True))] = decode(value, lossy=True)
             except ValueError:
                 logger.warning("Ignoring malformed entry %r in %s", key, self.sites_key)
         rtt = {node: _floats(client.hgetall(self.rtt_key(node))) for node in live}
@@ -241,38 +236,43 @@ class PlacementAgent:
         bs = _floats(client.hgetall(self.bs_key))
         return Observations(dict(live), sites, rtt, bw, bs)
 
-    def _plan(self, table: PartitionTable, live: Mapping[str, float]) -> list[Move]:
+    def _plan(
+        self, table: PartitionTable, live: Mapping[str, float]
+    ) -> tuple[PlacementProblem, PlacementResult]:
+        """Read this round's problem from Redis and the table, and solve it; writes nothing."""
         obs = self.observations(live)
         valid = {p: s for p, s in obs.sites.items() if 0 <= p < table.size}
         obs = Observations(obs.capacities, valid, obs.rtt_ms, obs.bw_Bps, obs.storage_Bps)
-        current = {p: table.owners[p] for p in valid}
-        hungarian = self.config.mode == "hungarian"
         placed: dict[int, float] | None = None
-        if hungarian:
+        if self.config.mode == "hungarian":
             placed = {}
             for key, cost in _floats(self.client.hgetall(self.placed_key)).items():
                 if key.isdigit():
                     placed[int(key)] = cost
-        backlog: Mapping[int, int] | None = None
-        if self.backlog is not None:
-            backlog = self.backlog(valid)
-            per_site: dict[str, int] = {}
-            for p, n in backlog.items():
-                per_site[valid[p]] = per_site.get(valid[p], 0) + int(n)
-            self._site_backlog = per_site
-        placed_out: dict[int, float] = {}
-        owners = plan(
+        problem = PlacementProblem(
             obs,
-            self.config.mode,
+            current={p: table.owners[p] for p in valid},
+            placed=placed or None,
+            backlog=None if self.backlog is None else self.backlog(valid),
             k=self.config.topk,
             cost=self.config.cost,
-            current=current,
             dims=self.config.dims,
             tolerance=self.config.tolerance,
-            placed=placed or None,
-            placed_out=placed_out,
-            choice=self.config.topk_choice,
-            backlog=backlog,
         )
-        self._placed_out = placed_out if hungarian else {}
-        return table.assign({p: n for p, n in owners.items() if table.owners[p] != n})
+        chosen = strategy(self.config.mode, choice=self.config.topk_choice)
+        return problem, chosen.place(problem)
+
+    def _publish_plan(self, problem: PlacementProblem, result: PlacementResult) -> None:
+        """After the table was written, so the placed costs are those of the owners in force."""
+        if problem.site_backlog:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.delete(self.backlog_key)
+            pipe.hset(self.backlog_key, mapping={s: n for s, n in problem.site_backlog.items()})
+            pipe.execute()
+        if result.placed_costs:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.delete(self.placed_key)
+            pipe.hset(
+                self.placed_key, mapping={str(p): repr(c) for p, c in result.placed_costs.items()}
+            )
+            pipe.execute()

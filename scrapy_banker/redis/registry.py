@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scrapy_banker.partitions import Move, PartitionTable
+from scrapy_banker.redis.keys import decode
 
 if TYPE_CHECKING:
     import redis
@@ -46,11 +47,16 @@ class NodeRegistry:
         self.client = client
         self.frontier = frontier
         self.node_timeout_ms = node_timeout_ms
-        prefix = frontier.prefix
-        self.nodes_key = f"{prefix}:nodes"  # hash node -> capacity
-        self.beats_key = f"{prefix}:heartbeats"  # zset node -> last beat (server ms)
-        self.table_key = f"{prefix}:table"
-        self.lock_key = f"{prefix}:rebalance-lock"
+        #: Shared with the frontier: one crawl, one set of key names.
+        self.keyspace = frontier.keyspace
+
+    @property
+    def table_key(self) -> str:
+        return self.keyspace.table
+
+    @property
+    def lock_key(self) -> str:
+        return self.keyspace.rebalance_lock
 
     def _now_ms(self) -> int:
         seconds, micros = self.client.time()
@@ -61,29 +67,32 @@ class NodeRegistry:
             raise ValueError(f"node id must be non-empty and without '@', got {node!r}")
         if not capacity > 0:
             raise ValueError(f"capacity of node {node!r} must be > 0, got {capacity!r}")
+        keys = self.keyspace
         pipe = self.client.pipeline(transaction=False)
-        pipe.hset(self.nodes_key, node, repr(float(capacity)))
-        pipe.zadd(self.beats_key, {node: self._now_ms()})
+        pipe.hset(keys.nodes, node, repr(float(capacity)))
+        pipe.zadd(keys.heartbeats, {node: self._now_ms()})
         pipe.execute()
 
     def heartbeat(self, node: str) -> None:
-        self.client.zadd(self.beats_key, {node: self._now_ms()}, xx=True)
+        self.client.zadd(self.keyspace.heartbeats, {node: self._now_ms()}, xx=True)
 
     def leave(self, node: str) -> None:
         """A clean stop: forget the node now instead of waiting for its timeout."""
+        keys = self.keyspace
         pipe = self.client.pipeline(transaction=False)
-        pipe.hdel(self.nodes_key, node)
-        pipe.zrem(self.beats_key, node)
+        pipe.hdel(keys.nodes, node)
+        pipe.zrem(keys.heartbeats, node)
         pipe.execute()
 
     def live_nodes(self) -> dict[str, float]:
         cutoff = self._now_ms() - self.node_timeout_ms
-        alive = {_text(n) for n in self.client.zrangebyscore(self.beats_key, cutoff, "+inf")}
-        capacities = self.client.hgetall(self.nodes_key)
-        return {_text(n): float(_text(c)) for n, c in capacities.items() if _text(n) in alive}
+        beats = self.client.zrangebyscore(self.keyspace.heartbeats, cutoff, "+inf")
+        alive = {decode(n) for n in beats}
+        capacities = self.client.hgetall(self.keyspace.nodes)
+        return {decode(n): float(decode(c)) for n, c in capacities.items() if decode(n) in alive}
 
     def load_table(self) -> PartitionTable:
-        raw = self.client.get(self.table_key)
+        raw = self.client.get(self.keyspace.table)
         if raw is None:
             return PartitionTable(self.frontier.partitions)
         table = PartitionTable.from_state(json.loads(raw))
@@ -114,7 +123,8 @@ class NodeRegistry:
         nodes never write the table at once and every move gets its fencing
         owner key.
         """
-        if not self.client.set(self.lock_key, node, nx=True, px=lock_ttl_ms):
+        keys = self.keyspace
+        if not self.client.set(keys.rebalance_lock, node, nx=True, px=lock_ttl_ms):
             return None
         try:
             table = self.load_table()
@@ -122,26 +132,22 @@ class NodeRegistry:
             if not moves and not any(o is None for o in table.owners):
                 return moves
             pipe = self.client.pipeline(transaction=False)
-            pipe.set(self.table_key, json.dumps(table.to_state()))
+            pipe.set(keys.table, json.dumps(table.to_state()))
             for move in moves:
                 pipe.set(
-                    self.frontier.keys(move.partition).owner,
+                    keys.partition(move.partition).owner,
                     f"{move.new}@{table.epochs[move.partition]}",
                 )
             for p, owner in enumerate(table.owners):
                 if owner is None:  # no live node: fence everyone
-                    pipe.delete(self.frontier.keys(p).owner)
+                    pipe.delete(keys.partition(p).owner)
             pipe.execute()
         finally:
-            if _text(self.client.get(self.lock_key) or b"") == node:
-                self.client.delete(self.lock_key)
+            if decode(self.client.get(keys.rebalance_lock) or b"") == node:
+                self.client.delete(keys.rebalance_lock)
         return moves
 
     def owned(self, node: str) -> dict[int, int]:
         """Partitions this node owns now, with the epoch to pop them with."""
         table = self.load_table()
         return {p: table.epochs[p] for p in table.owned_by(node)}
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -36,7 +36,7 @@ import redis
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from scrapy_banker.redis.frontier import Leased, RedisFrontier
+    from scrapy_banker.redis.frontier import EnqueueOp, Leased, LeaseToken, RedisFrontier
     from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.redis.registry import NodeRegistry
 
@@ -53,8 +53,6 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.ClusterDownError,
     OSError,
 )
-
-Enqueue = tuple[int, str, str, int, bool]
 
 
 class FrontierWorker:
@@ -106,10 +104,10 @@ class FrontierWorker:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._enqueues: list[Enqueue] = []
-        self._dead: list[tuple[int, str, str]] = []
-        self._acks: dict[int, list[str]] = {}
-        self._nacks: dict[int, list[str]] = {}
+        self._enqueues: list[EnqueueOp] = []
+        self._dead: list[tuple[LeaseToken, str]] = []
+        self._acks: list[LeaseToken] = []
+        self._nacks: list[LeaseToken] = []
         # Leases this node holds (buffered or in flight): renewed each heartbeat.
         # Only this thread touches it.
         self._held: dict[int, set[str]] = {}
@@ -132,25 +130,27 @@ class FrontierWorker:
         )
         self._thread.start()
 
-    def enqueue(self, item: Enqueue) -> None:
+    def enqueue(self, op: EnqueueOp) -> None:
         with self._lock:
-            self._enqueues.append(item)
+            self._enqueues.append(op)
         self.drained_since = None
         self._wake.set()
 
-    def ack(self, partition: int, lease_id: str) -> None:
+    def ack(self, token: LeaseToken) -> None:
+        """The request is done, callback output included (its children are enqueued first)."""
         with self._lock:
-            self._acks.setdefault(partition, []).append(lease_id)
+            self._acks.append(token)
         self._wake.set()
 
-    def nack(self, partition: int, lease_id: str) -> None:
+    def nack(self, token: LeaseToken) -> None:
+        """Give the request back unprocessed (a clean stop, a partition this node lost)."""
         with self._lock:
-            self._nacks.setdefault(partition, []).append(lease_id)
+            self._nacks.append(token)
         self._wake.set()
 
-    def dead_letter(self, partition: int, lease_id: str, reason: str) -> None:
+    def dead_letter(self, token: LeaseToken, reason: str) -> None:
         with self._lock:
-            self._dead.append((partition, lease_id, reason))
+            self._dead.append((token, reason))
         self._wake.set()
 
     def request(self, want: int) -> None:
@@ -161,12 +161,7 @@ class FrontierWorker:
 
     def pending_ops(self) -> int:
         with self._lock:
-            return (
-                len(self._enqueues)
-                + len(self._dead)
-                + sum(map(len, self._acks.values()))
-                + sum(map(len, self._nacks.values()))
-            )
+            return len(self._enqueues) + len(self._dead) + len(self._acks) + len(self._nacks)
 
     def take_counters(self) -> dict[str, int]:
         """Counters since the last call, for the scheduler to add to the crawl stats."""
@@ -317,8 +312,8 @@ class FrontierWorker:
         with self._lock:
             enqueues, self._enqueues = self._enqueues, []
             dead, self._dead = self._dead, []
-            acks, self._acks = self._acks, {}
-            nacks, self._nacks = self._nacks, {}
+            acks, self._acks = self._acks, []
+            nacks, self._nacks = self._nacks, []
         if not (enqueues or dead or acks or nacks):
             return 0
         sent = 0
@@ -327,30 +322,28 @@ class FrontierWorker:
                 batch = enqueues[sent : sent + self.enqueue_batch]
                 results = self.frontier.enqueue_many(batch)
                 sent += len(batch)
-                for item, result in zip(batch, results, strict=True):
-                    if result is not None and item[0] in self.owned:
-                        self._nonempty.add(item[0])
+                for op, result in zip(batch, results, strict=True):
+                    if result is not None and op.partition in self.owned:
+                        self._nonempty.add(op.partition)
                 added = sum(r is not None for r in results)
                 self._count("banker/redis/enqueued", added)
                 self._count("banker/redis/duplicates", len(results) - added)
             while dead:
-                partition, lease_id, reason = dead[0]
-                self.frontier.dead_letter(partition, lease_id, reason)
-                self._forget(partition, lease_id)
+                token, reason = dead[0]
+                self.frontier.dead_letter(token.partition, token.id, reason)
+                self._forget(token)
                 self._count("banker/redis/dead_lettered")
                 dead.pop(0)
             if acks:
-                self._count("banker/redis/acked", self.frontier.ack_many(acks))
-                for partition, ids in acks.items():
-                    for lease_id in ids:
-                        self._forget(partition, lease_id)
-                acks = {}
+                self._count("banker/redis/acked", self.frontier.ack_many(_refs(acks)))
+                for token in acks:
+                    self._forget(token)
+                acks = []
             if nacks:
-                self._count("banker/redis/nacked", self.frontier.nack_many(nacks))
-                for partition, ids in nacks.items():
-                    for lease_id in ids:
-                        self._forget(partition, lease_id)
-                nacks = {}
+                self._count("banker/redis/nacked", self.frontier.nack_many(_refs(nacks)))
+                for token in nacks:
+                    self._forget(token)
+                nacks = []
         except BaseException:
             # Put back what was not confirmed, in front of anything newer, so
             # the order (children before the parent's ack) still holds.  Every
@@ -359,20 +352,17 @@ class FrontierWorker:
             with self._lock:
                 self._enqueues[:0] = enqueues[sent:]
                 self._dead[:0] = dead
-                for partition, ids in acks.items():
-                    self._acks.setdefault(partition, [])[:0] = ids
-                for partition, ids in nacks.items():
-                    self._nacks.setdefault(partition, [])[:0] = ids
+                self._acks[:0] = acks
+                self._nacks[:0] = nacks
             raise
         return 1
 
-    def _forget(self, partition: int, lease_id: str) -> None:
-        lease_id = lease_id.split("#", 1)[0]  # an "id#delivery" token
-        ids = self._held.get(partition)
+    def _forget(self, token: LeaseToken) -> None:
+        ids = self._held.get(token.partition)
         if ids is not None:
-            ids.discard(lease_id)
+            ids.discard(token.id)
             if not ids:
-                del self._held[partition]
+                del self._held[token.partition]
 
     def _pop(self) -> int:
         owned = self.owned
@@ -418,3 +408,11 @@ class FrontierWorker:
             if self.on_ready is not None:
                 self.on_ready()
         return got
+
+
+def _refs(tokens: list[LeaseToken]) -> dict[int, list[str]]:
+    """Partition -> ``id#delivery`` refs: the ack and nack scripts act on that delivery only."""
+    out: dict[int, list[str]] = {}
+    for token in tokens:
+        out.setdefault(token.partition, []).append(token.ref)
+    return out

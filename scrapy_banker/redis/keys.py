@@ -1,0 +1,152 @@
+"""Every Redis key of one crawl, named in one place.
+
+A crawl lives under a prefix (``BANKER_REDIS_PREFIX``).  Keys of partition
+``p`` share the hash tag ``{<prefix>:<p>}``: Redis Cluster hashes only the
+tagged part, so all of a partition's keys land in one slot and each Lua
+script -- which may only touch keys of one slot on a cluster -- works there.
+Fleet and placement keys are plain ``<prefix>:<name>`` strings, read and
+written by ordinary commands, never inside a script.
+
+Owning the names here, like RQ's classes own their key templates, keeps
+:meth:`Keyspace.cleared` (what ``BANKER_REDIS_FLUSH_ON_START`` deletes) in
+step with the keys the frontier, the registry and the placement agent
+actually write: a hand-written list of other modules' keys in the frontier
+once missed one, which then survived every flush.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = ["Keyspace", "PartitionKeys", "decode"]
+
+
+@dataclass(frozen=True)
+class PartitionKeys:
+    """One partition's keys; they share one hash tag, hence one cluster slot."""
+
+    #: Sorted set of queued ids, scored ``-priority * 2**32 + seq``.
+    queue: str
+    #: Sorted set of leased ids, scored by expiry on the server's clock.
+    leases: str
+    #: Hash id -> payload.
+    payloads: str
+    #: Hash: sequence counter, deliveries, scores, lease epochs.
+    meta: str
+    #: ``node@epoch`` of the owner: what the pop script fences on.
+    owner: str
+    #: List of dead letters (JSON with the reason).
+    dead: str
+    #: Set of fingerprints already queued.
+    seen: str
+
+    def names(self) -> tuple[str, ...]:
+        return astuple(self)
+
+
+class Keyspace:
+    """The key names of one crawl: ``prefix`` and its partition count."""
+
+    def __init__(self, prefix: str, partitions: int = 1024) -> None:
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"partitions must be an integer >= 1, got {partitions!r}")
+        # A brace in the prefix would end the hash tag early: partitions
+        # would share slots unpredictably, or split one partition over two.
+        if not prefix or any(c in prefix for c in "{}"):
+            raise ValueError(f"prefix must be non-empty and free of braces, got {prefix!r}")
+        self.prefix = prefix
+        self.partitions = partitions
+        # -- the fleet (NodeRegistry) --
+        #: Hash node -> capacity.
+        self.nodes = f"{prefix}:nodes"
+        #: Sorted set node -> last beat, in the server's milliseconds.
+        self.heartbeats = f"{prefix}:heartbeats"
+        #: The partition table (owners and epochs) as JSON.
+        self.table = f"{prefix}:table"
+        #: Single-flight locks: one rebalance, one reaper at a time fleet-wide.
+        self.rebalance_lock = f"{prefix}:rebalance-lock"
+        self.reaper_lock = f"{prefix}:reaper-lock"
+        # -- placement (PlacementAgent) --
+        #: Hash partition -> netloc of the site it holds (first one wins).
+        self.sites = f"{prefix}:sites"
+        #: Hash netloc -> scheme, for the prober.
+        self.schemes = f"{prefix}:schemes"
+        #: Hash node -> storage bandwidth BS (bytes/s).
+        self.net_bs = f"{prefix}:net:bs"
+        #: Hash partition -> its cost when a hungarian plan placed it.
+        self.net_placed = f"{prefix}:net:placed"
+        #: Hash netloc -> requests queued or leased for it at the last plan.
+        self.net_backlog = f"{prefix}:net:backlog"
+        #: Held for one interval by the node that planned: one plan per interval.
+        self.plan_gate = f"{prefix}:net:plan-gate"
+
+    def __repr__(self) -> str:
+        return f"Keyspace({self.prefix!r}, partitions={self.partitions})"
+
+    def partition(self, partition: int) -> PartitionKeys:
+        if not 0 <= partition < self.partitions:
+            raise ValueError(f"partition must be in [0, {self.partitions}), got {partition!r}")
+        tag = f"{{{self.prefix}:{partition}}}"
+        return PartitionKeys(
+            queue=f"{tag}:q",
+            leases=f"{tag}:leases",
+            payloads=f"{tag}:payloads",
+            meta=f"{tag}:meta",
+            owner=f"{tag}:owner",
+            dead=f"{tag}:dead",
+            seen=f"{tag}:seen",
+        )
+
+    def rtt(self, node: str) -> str:
+        """Hash netloc -> the node's denoised round-trip time (ms)."""
+        return f"{self.prefix}:net:rtt:{node}"
+
+    def bw(self, node: str) -> str:
+        """Hash netloc -> the node's measured bandwidth (bytes/s)."""
+        return f"{self.prefix}:net:bw:{node}"
+
+    def bs_probe(self, node: str) -> str:
+        """Scratch key the node writes to measure its storage bandwidth (expires)."""
+        return f"{self.prefix}:net:bs-probe:{node}"
+
+    def cleared(self) -> Iterator[str]:
+        """The keys a fresh start deletes: everything of the crawl but the network.
+
+        Every partition's keys go, and with them whatever is tied to the old
+        table: the fleet, the locks, the partition -> site map, the placed
+        costs, the backlogs, the plan gate.  The fleet's network measurements
+        (:meth:`rtt`, :meth:`bw`, :attr:`net_bs`) are kept on purpose: links
+        do not change between crawls, and a re-crawl that finds them places
+        its sites at once.  Probe keys expire by themselves.  Named one by
+        one, never found by ``KEYS``/``SCAN`` (which a cluster runs per node).
+        """
+        for p in range(self.partitions):
+            yield from self.partition(p).names()
+        yield self.nodes
+        yield self.heartbeats
+        yield self.table
+        yield self.rebalance_lock
+        yield self.reaper_lock
+        yield self.sites
+        yield self.schemes
+        yield self.net_placed
+        yield self.net_backlog
+        yield self.plan_gate
+
+
+def decode(value: object, lossy: bool = False) -> str:
+    """A Redis reply as text; ``lossy`` for what a stranger may have written.
+
+    Replies are bytes unless the client decodes them.  Data the crawl wrote
+    itself (ids, node names) is UTF-8, and anything else is a bug worth an
+    error; payloads, dead letters and fleet-published hashes may hold
+    anyone's bytes, and must reach the code that rejects them rather than
+    crash the worker thread on the way.
+    """
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace" if lossy else "strict")
+    return str(value)

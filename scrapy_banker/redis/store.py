@@ -1,0 +1,408 @@
+"""``RedisLeaseStore``: the request store of a fleet, on Redis partitions with leases.
+
+Each request goes to one of M logical partitions by the hash of its queue key
+(its host); each partition belongs to one live worker (the node registry), and
+a worker only pops partitions it owns, so one host is fetched by one worker at
+a time: Scrapy's per-domain limits hold fleet-wide.  Pops are leases: a
+request is acknowledged only once the engine is done with it, callback output
+included, so a worker killed with ``kill -9`` loses nothing -- its leases
+expire and another worker gets them.
+
+All Redis I/O happens on a :class:`~scrapy_banker.redis.worker.FrontierWorker`
+thread; the reactor only touches in-memory queues, so neither a slow nor a
+dead Redis stalls the downloads already buffered.  Leased requests are put in
+the scheduler's :class:`~scrapy_banker.scheduler.queue.LocalQueue`, so topics,
+politeness and admission work exactly as in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet import reactor
+from twisted.internet.threads import deferToThread
+
+from scrapy_banker._engine import looping_call, requests_in_progress, wake_engine
+from scrapy_banker.meta import META_LEASE, META_SLOT
+from scrapy_banker.netaware import Prober, link_stats, site_of
+from scrapy_banker.redis.connection import redis_cluster_from_settings, redis_from_settings
+from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
+from scrapy_banker.redis.placement import PlacementAgent
+from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.serialize import MalformedPayload, UnserializableRequest
+from scrapy_banker.settings import placement_config, redis_config
+
+if TYPE_CHECKING:
+    import redis
+    from redis.cluster import RedisCluster
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
+    from typing_extensions import Self
+
+    from scrapy_banker.frontier import Entry
+    from scrapy_banker.scheduler.classifier import Classified
+    from scrapy_banker.scheduler.store import SchedulerParts
+    from scrapy_banker.settings import RedisConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PlacementHook", "RedisLeaseStore", "lease_of", "placement_for"]
+
+#: Meta keys that describe one delivery and must not travel with a new request
+#: (a retry or redirect copies ``meta``).
+TRANSIENT_META = (META_LEASE, META_SLOT)
+
+
+def lease_of(request: Request, partitions: int) -> LeaseToken | None:
+    """The lease a request came with; None for anything this store did not write.
+
+    ``meta`` is the spider's too: a value set by hand must neither crash the
+    crawl nor reach Redis as an op that can never succeed.
+    """
+    token = request.meta.get(META_LEASE)
+    if isinstance(token, LeaseToken) and 0 <= token.partition < partitions:
+        return token
+    return None
+
+
+class PlacementHook:
+    """Network-aware placement, plugged into a lease store when ``BANKER_PLACEMENT`` is on."""
+
+    def __init__(self, agent: PlacementAgent, prober: Prober) -> None:
+        self.agent = agent
+        self.prober = prober
+
+    def note(self, request: Request, partition: int) -> None:
+        site = site_of(request)
+        if site:  # data:, file: ... have no site to place
+            self.agent.note_site(partition, site, urlparse_cached(request).scheme)
+
+    def tick(self) -> None:
+        prober, agent = self.prober, self.agent
+        if len(prober.known) != len(agent.known) or prober.weights is not agent.backlogs:
+            prober.update(agent.known.items(), agent.backlogs)
+        prober.tick()
+
+
+def placement_for(
+    crawler: Crawler, client: redis.Redis | RedisCluster, frontier: RedisFrontier, node: str
+) -> PlacementHook | None:
+    """The one factory of placement parts; None when placement is off (``hash``)."""
+    pconfig = placement_config(crawler)
+    if pconfig.mode == "hash":
+        return None
+    assert crawler.stats is not None
+    links = link_stats(crawler)
+    agent = PlacementAgent(
+        client, frontier.keyspace, node, pconfig, links, backlog=frontier.backlog
+    )
+
+    def send_probe(request: Request) -> Deferred[Any]:
+        """Straight to the downloader: a probe is not crawl work and must not be queued."""
+        engine = crawler.engine
+        assert engine is not None
+        if hasattr(engine, "download_async"):
+            return deferred_from_coro(engine.download_async(request))
+        return engine.download(request)  # pragma: no cover - Scrapy < 2.14
+
+    prober = Prober(pconfig, send_probe, crawler.stats, measured=links.samples, node=node)
+    return PlacementHook(agent, prober)
+
+
+class RedisLeaseStore:
+    """Partitioned, leased, fleet-wide polite request store on Redis."""
+
+    def __init__(
+        self,
+        parts: SchedulerParts,
+        rconfig: RedisConfig,
+        client: redis.Redis | RedisCluster,
+    ) -> None:
+        self.parts = parts
+        self.queue = parts.queue
+        self.stats = parts.stats
+        self.crawler = parts.crawler
+        self.rconfig = rconfig
+        self.client = client
+        self.node = rconfig.node_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        )
+        self.frontier = RedisFrontier(
+            client,
+            prefix=rconfig.prefix,
+            partitions=rconfig.partitions,
+            lease_ttl_ms=max(1, int(rconfig.lease_ttl * 1000)),
+            max_deliveries=rconfig.max_deliveries,
+        )
+        self.registry = NodeRegistry(
+            client, self.frontier, node_timeout_ms=max(1, int(rconfig.node_timeout * 1000))
+        )
+        self.placement = placement_for(self.crawler, client, self.frontier, self.node)
+        self.worker = FrontierWorker(
+            self.frontier,
+            self.registry,
+            self.node,
+            capacity=rconfig.node_capacity,
+            heartbeat_s=rconfig.heartbeat,
+            reap_interval_s=rconfig.reap_interval,
+            pop_per_partition=rconfig.pop_per_partition,
+            idle_backoff_max_s=rconfig.idle_backoff_max,
+            on_ready=self._on_ready,
+            placement=None if self.placement is None else self.placement.agent,
+        )
+        fingerprinter = getattr(self.crawler, "request_fingerprinter", None)
+        if fingerprinter is None:  # pragma: no cover - Scrapy < 2.7
+            raise RuntimeError("scrapy-banker needs Scrapy's request fingerprinter (>= 2.7)")
+        self._fingerprinter = fingerprinter
+        self.spider: Spider | None = None
+        #: Dispatched requests not acknowledged yet.
+        self._dispatched: dict[Request, LeaseToken] = {}
+        self._waiting = False
+        self._starved = False
+        self._ticker: Any = None
+        self._ticks = 0
+        self._was_idle = False
+        self._seen_work = False
+        self._concurrent = max(1, self.crawler.settings.getint("CONCURRENT_REQUESTS"))
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, parts: SchedulerParts) -> Self:
+        rconfig = redis_config(crawler)
+        settings = crawler.settings
+        client: redis.Redis | RedisCluster = (
+            redis_cluster_from_settings(settings)
+            if rconfig.cluster
+            else redis_from_settings(settings)
+        )
+        return cls(parts, rconfig, client)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def open(self, spider: Spider) -> Deferred[None] | None:
+        self.spider = spider
+        self.stats.set_value("banker/redis/node", self.node)
+        self.stats.set_value("banker/redis/partitions", self.rconfig.partitions)
+        logger.info(
+            "Distributed frontier %r on Redis: node %s, %d partitions",
+            self.rconfig.prefix, self.node, self.rconfig.partitions,
+        )  # fmt: skip
+        self._ticker = looping_call(self._tick)
+        self._ticker.start(0.1, now=False)
+        if self.rconfig.flush_on_start:
+            d: Deferred[Any] = deferToThread(self.frontier.clear)
+            d.addCallback(self._flushed)
+            return d
+        self.worker.start()
+        return None
+
+    def _flushed(self, deleted: int) -> None:
+        logger.info("BANKER_REDIS_FLUSH_ON_START: deleted %d keys of %r", deleted,
+                    self.rconfig.prefix)  # fmt: skip
+        self.worker.start()
+
+    def close(self, reason: str) -> Deferred[None] | None:
+        if self._ticker is not None and self._ticker.running:
+            self._ticker.stop()
+        self._ack_finished(everything=True)
+        handed_back = local_only = 0
+        for entry in self.queue.entries():
+            token = lease_of(entry.item, self.rconfig.partitions)
+            if token is None:
+                local_only += 1
+            else:
+                self.worker.nack(token)
+                handed_back += 1
+        if handed_back:
+            logger.info("Gave %d buffered requests back to the queue", handed_back)
+        if local_only:
+            logger.error(
+                "%d requests that could not be serialized to Redis were never queued "
+                "there and are dropped at close (see banker/redis/unserializable)",
+                local_only,
+            )
+        self._publish_counters()
+        d: Deferred[int] = deferToThread(self.worker.stop)
+        d.addCallback(self._stopped)
+        return d  # type: ignore[return-value]
+
+    def _stopped(self, unsent: int) -> None:
+        self._publish_counters()
+        if unsent:
+            logger.error(
+                "Redis stayed unreachable: %d queue operations were not sent; the "
+                "requests they concern stay leased in Redis and are delivered again "
+                "after BANKER_REDIS_LEASE_TTL",
+                unsent,
+            )
+            self.stats.set_value("banker/redis/unsent_at_close", unsent)
+
+    # -- the store protocol -----------------------------------------------------------
+
+    def is_duplicate(self, request: Request) -> bool:
+        return False  # deduplicated in Redis, by the enqueue script, fleet-wide
+
+    def put(self, request: Request, c: Classified, now: float) -> str:
+        for key in TRANSIENT_META:
+            request.meta.pop(key, None)
+        try:
+            payload = self.parts.codec.encode(request, self.spider)
+        except UnserializableRequest as exc:
+            # Still crawled, by this worker only, and said loudly: it cannot
+            # survive a crash of this worker.
+            logger.error("Cannot queue %s in Redis, keeping it in memory: %s", request, exc)
+            self.stats.inc_value("banker/redis/unserializable")
+            self.stats.inc_value("scheduler/unserializable")
+            self.queue.push(request, c, now)
+            return "memory"
+        self._seen_work = True
+        partition = c.key_hash % self.rconfig.partitions
+        fingerprint = self._fingerprinter.fingerprint(request).hex()
+        self.worker.enqueue(
+            EnqueueOp(partition, fingerprint, payload, int(request.priority),
+                      bool(request.dont_filter))
+        )  # fmt: skip
+        if self.placement is not None:
+            self.placement.note(request, partition)
+        return "redis"
+
+    def refill(self, now: float) -> None:
+        self._drain_inbound(now)
+        self._ack_finished()
+
+    def keep(self, entry: Entry[Request]) -> bool:
+        """A request of a partition this node lost goes back: its new owner must fetch it."""
+        token = lease_of(entry.item, self.rconfig.partitions)
+        if token is None or token.partition in self.worker.owned:
+            return True
+        self.worker.nack(token)
+        self.stats.inc_value("banker/redis/handed_back")
+        return False
+
+    def dispatched(self, request: Request) -> str:
+        token = lease_of(request, self.rconfig.partitions)
+        if token is None:
+            return "memory"
+        self._dispatched[request] = token
+        return "redis"
+
+    def polled(self, request: Request | None) -> None:
+        if request is None:
+            self._waiting = True
+            self._starved = bool(len(self.queue)) and (
+                self.parts.downloader.active < self._concurrent
+            )
+        else:
+            self._waiting = self._starved = False
+        self._request_more()
+
+    def has_pending(self) -> bool:
+        worker = self.worker
+        if worker.inbound or self._dispatched:
+            return True
+        if not worker.connected or worker.pending_ops():
+            return True  # keep the spider open: nothing is lost while Redis is away
+        since = worker.drained_since
+        if since is None:
+            return True  # other workers still have work, which may reach our partitions
+        if not self._seen_work:
+            # The crawl has been empty since this worker started: nothing to
+            # wait for (a RedisSpider reads its start URLs when idle).
+            return False
+        return time.monotonic() - since < self.rconfig.idle_before_close
+
+    def __len__(self) -> int:
+        return len(self.worker.inbound)
+
+    # -- internals --------------------------------------------------------------------
+
+    def _local(self) -> int:
+        """Requests this process holds: queued locally, leased inbound, parked."""
+        gate = self.parts.gate
+        return len(self.queue) + len(self.worker.inbound) + (len(gate) if gate else 0)
+
+    def _drain_inbound(self, now: float) -> None:
+        inbound = self.worker.inbound
+        if not inbound:
+            return
+        self._seen_work = True
+        codec, classify, spider = self.parts.codec, self.parts.classifier.classify, self.spider
+        while inbound:
+            leased = inbound.popleft()
+            try:
+                request = codec.decode(leased.payload, spider)
+                c = classify(request)
+            except (MalformedPayload, ValueError) as exc:
+                # Garbage, a planted pickle, a request class not allowed, a
+                # callback that is not a public spider method: never run,
+                # kept in the partition's dead-letter list with the reason.
+                logger.error(
+                    "Dead-lettering malformed request %s of partition %d: %s",
+                    leased.id, leased.partition, exc,
+                )  # fmt: skip
+                self.stats.inc_value("banker/redis/malformed")
+                self.worker.dead_letter(leased.token, f"malformed: {exc}")
+                continue
+            if leased.deliveries > 1:
+                self.stats.inc_value("banker/redis/redelivered")
+            request.meta[META_LEASE] = leased.token
+            self.queue.push(request, c, now)
+
+    def _ack_finished(self, everything: bool = False) -> None:
+        """Acknowledge dispatched requests the engine is completely done with."""
+        if not self._dispatched:
+            return
+        in_progress = requests_in_progress(self.crawler)
+        for request in list(self._dispatched):
+            if everything or in_progress is None or request not in in_progress:
+                # Without the engine's view (another Scrapy version) a request
+                # is acked when it ended, i.e. when its slot was released.
+                if not everything and in_progress is None and META_SLOT in request.meta:
+                    continue
+                self.worker.ack(self._dispatched.pop(request))
+
+    def _request_more(self) -> None:
+        worker = self.worker
+        buffered = len(self.queue) + len(worker.inbound)
+        target = self.rconfig.buffer
+        want = target - buffered
+        if want <= 0 and self._starved and buffered < 8 * target:
+            # Everything buffered waits for busy hosts while the downloader
+            # has room: fetch more, other hosts may be free.
+            want = max(1, target // 2)
+        worker.request(want)
+        worker.local_idle = not (self._local() or self._dispatched)
+
+    def _on_ready(self) -> None:
+        """Called on the worker thread when a pop landed."""
+        if self._waiting:
+            reactor.callFromThread(wake_engine, self.crawler)  # type: ignore[attr-defined]
+
+    def _tick(self) -> None:
+        self._ack_finished()
+        self._request_more()
+        idle = not self._local() and not self.has_pending()
+        if self._waiting and (self.worker.inbound or (idle and not self._was_idle)):
+            # Work arrived, or the crawl just ended: tell the engine now rather
+            # than on its next 5 s heartbeat (once: an idle RedisSpider polls
+            # its start-URL key on every wake-up).
+            wake_engine(self.crawler)
+        self._was_idle = idle
+        self._ticks += 1
+        if self.placement is not None:
+            self.placement.tick()
+        if self._ticks % 10 == 0:  # a stats collector may itself be in Redis
+            self._publish_counters()
+
+    def _publish_counters(self) -> None:
+        for name, n in self.worker.take_counters().items():
+            self.stats.inc_value(name, n)
+        self.stats.set_value("banker/redis/owned_partitions", len(self.worker.owned))

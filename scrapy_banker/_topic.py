@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from scrapy_banker.meta import META_TOPIC as META_TOPIC  # re-exported for existing importers
 from scrapy_banker.settings import _TOPIC_NAME_RE
 
 if TYPE_CHECKING:
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
     from scrapy_banker.settings import BankerConfig
 
 logger = logging.getLogger(__name__)
-
-META_TOPIC = "banker_topic"
 
 
 def callback_name(request: Request) -> str | None:

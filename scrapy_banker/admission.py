@@ -31,18 +31,19 @@ from typing import TYPE_CHECKING
 
 from scrapy_banker.banker import BankersState
 
+# The keys live in scrapy_banker.meta; re-exported here for existing importers.
+from scrapy_banker.meta import META_FINISH as META_FINISH
+from scrapy_banker.meta import META_GRANT as META_GRANT
+from scrapy_banker.meta import META_HOLD as META_HOLD
+from scrapy_banker.meta import META_MAX as META_MAX
+from scrapy_banker.meta import META_NEED as META_NEED
+from scrapy_banker.meta import META_TASK as META_TASK
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
 logger = logging.getLogger(__name__)
-
-META_NEED = "banker_need"
-META_TASK = "banker_task"
-META_MAX = "banker_max"
-META_HOLD = "banker_hold"
-META_FINISH = "banker_finish"
-META_GRANT = "banker_grant"
 
 __all__ = ["Admission", "InvalidClaim"]
 

@@ -10,7 +10,8 @@ from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
 from scrapy_banker._engine import running_scheduler
 from scrapy_banker._topic import request_topic
-from scrapy_banker.settings import load_config
+from scrapy_banker.meta import META_GRANT, META_SLOT
+from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -19,6 +20,16 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+
+
+def _disabled(middleware: object) -> NotConfigured:
+    """A bare ``NotConfigured`` for a middleware that is switched off.
+
+    Scrapy logs the message of a ``NotConfigured`` as a warning, on every crawl
+    with ``BANKER_ENABLED = False``; being off is no reason to warn.
+    """
+    logger.debug("Disabled %s: BANKER_ENABLED is False", type(middleware).__name__)
+    return NotConfigured()
 
 
 class BankerTopicMiddleware(BaseSpiderMiddleware):
@@ -34,9 +45,9 @@ class BankerTopicMiddleware(BaseSpiderMiddleware):
 
     def __init__(self, crawler: Crawler):
         super().__init__(crawler)
-        self.config = load_config(crawler.settings)
+        self.config = core_config(crawler)
         if not self.config.enabled:
-            raise NotConfigured("BANKER_ENABLED is False")
+            raise _disabled(self)
         assert crawler.stats is not None
         self.stats = crawler.stats
 
@@ -70,9 +81,9 @@ class BankerDownloaderMiddleware:
     """
 
     def __init__(self, crawler: Crawler):
-        self.config = load_config(crawler.settings)
+        self.config = core_config(crawler)
         if not self.config.enabled:
-            raise NotConfigured("BANKER_ENABLED is False")
+            raise _disabled(self)
         assert crawler.stats is not None
         self.stats = crawler.stats
         self.crawler = crawler
@@ -91,7 +102,7 @@ class BankerDownloaderMiddleware:
         return response
 
     def _release(self, request: Request, outcome: str) -> None:
-        if "banker_slot" in request.meta or "banker_grant" in request.meta:
+        if META_SLOT in request.meta or META_GRANT in request.meta:
             release = getattr(running_scheduler(self.crawler), "release", None)
             if release is not None:
                 release(request, outcome)

@@ -26,8 +26,9 @@ from scrapy import Request
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.httpobj import urlparse_cached
 
+from scrapy_banker.meta import META_NET_T0, META_PROBE
 from scrapy_banker.netstats import LinkStats, RateLimiter
-from scrapy_banker.settings import PlacementConfig, load_placement_config
+from scrapy_banker.settings import PlacementConfig, placement_config
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
@@ -41,9 +42,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["NetworkMeasureMiddleware", "Prober", "link_stats", "site_of"]
 
-#: Meta key of a probe request; the value is the probed site.
-PROBE_META = "banker_probe"
-_T0_META = "banker_net_t0"
+#: Meta key of a probe request; the value is the probed site.  Declared in
+#: :mod:`scrapy_banker.meta`; this name stays for existing importers.
+PROBE_META = META_PROBE
+_T0_META = META_NET_T0
 
 _LINKS: weakref.WeakKeyDictionary[Crawler, LinkStats] = weakref.WeakKeyDictionary()
 
@@ -52,7 +54,7 @@ def link_stats(crawler: Crawler) -> LinkStats:
     """The crawler's one LinkStats, shared by the middleware and the scheduler."""
     links = _LINKS.get(crawler)
     if links is None:
-        config = load_placement_config(crawler.settings)
+        config = placement_config(crawler)
         links = _LINKS[crawler] = LinkStats(window=config.window, max_sites=10_000)
     return links
 
@@ -71,12 +73,18 @@ class NetworkMeasureMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> NetworkMeasureMiddleware:
-        config = load_placement_config(crawler.settings)  # a typo fails at start-up
+        config = placement_config(crawler)  # a typo fails at start-up
+        reason = None
         if not config.measure:
-            raise NotConfigured("BANKER_NET_MEASURE is False")
-        if config.mode == "hash":
+            reason = "BANKER_NET_MEASURE is False"
+        elif config.mode == "hash":
             # Nothing would read the measurements: keep no per-site state.
-            raise NotConfigured("BANKER_PLACEMENT is 'hash'")
+            reason = "BANKER_PLACEMENT is 'hash'"
+        if reason is not None:
+            # Bare: Scrapy logs the message of a NotConfigured as a warning, and
+            # the default crawl (hash placement) leaves this middleware off.
+            logger.debug("Disabled %s: %s", cls.__name__, reason)
+            raise NotConfigured()
         assert crawler.stats is not None
         return cls(link_stats(crawler), crawler.stats)
 

@@ -445,7 +445,7 @@ def site_partitions(
 ) -> tuple[str, dict[str, int]]:
     """Redis prefix, and each seed's site (netloc) -> partition, as the workers compute them.
 
-    Asks the scheduler itself: ``BankerScheduler._classify`` gives a request's
+    Asks the scheduler itself: its ``classifier`` gives a request's
     queue key hash, the distributed scheduler puts it in partition
     ``hash % BANKER_REDIS_PARTITIONS``, and ``site_of`` names its site.
     """
@@ -454,18 +454,18 @@ def site_partitions(
 
     from scrapy_banker.netaware import site_of
     from scrapy_banker.scheduler import BankerScheduler
-    from scrapy_banker.settings import load_redis_config
+    from scrapy_banker.settings import redis_config
     from scrapy_banker.testing.fleet import FleetSpider
 
     banker = {k: v for k, v in settings.items() if k.startswith("BANKER_")}
     crawler = get_crawler(FleetSpider, settings_dict=banker)
-    rconfig = load_redis_config(crawler.settings, FleetSpider.name)
+    rconfig = redis_config(crawler)
     scheduler = BankerScheduler.from_crawler(crawler)
     assert isinstance(scheduler, BankerScheduler)
     out: dict[str, int] = {}
     for url in seeds:
         request = Request(url)
-        key_hash = scheduler._classify(request)[3]
+        key_hash = scheduler.classifier.classify(request).key_hash
         out[site_of(request)] = key_hash % rconfig.partitions
     return rconfig.prefix, out
 

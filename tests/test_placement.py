@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,9 +13,22 @@ import numpy as np
 import pytest
 import redis
 
-from scrapy_banker import gnp
+from scrapy_banker import gnp, placement
 from scrapy_banker.partitions import PartitionTable
-from scrapy_banker.placement import Observations, estimate_rtt, moved, plan
+from scrapy_banker.placement import (
+    MODES,
+    STRATEGIES,
+    Hash,
+    Hungarian,
+    Observations,
+    PlacementProblem,
+    PlacementResult,
+    Top1,
+    TopK,
+    estimate_rtt,
+    moved,
+    strategy,
+)
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.settings import DEFAULTS, load_placement_config
@@ -53,6 +67,19 @@ def paid(assigned: dict[int, str], true: np.ndarray, names: list[str]) -> float:
     return float(np.mean([true[names.index(node), p - 100] for p, node in assigned.items()]))
 
 
+def place(
+    obs: Observations, mode: str, choice: str = "least_loaded", **params: Any
+) -> PlacementResult:
+    """One round of the ``mode`` strategy; ``params`` are :class:`PlacementProblem`'s."""
+    return strategy(mode, choice=choice).place(PlacementProblem(obs, **params))
+
+
+def owners(
+    obs: Observations, mode: str, choice: str = "least_loaded", **params: Any
+) -> dict[int, str]:
+    return place(obs, mode, choice, **params).owners
+
+
 def test_unmeasured_pairs_are_predicted_by_gnp() -> None:
     obs, true, _, _ = world()
     est = estimate_rtt(obs, dims=2)
@@ -70,9 +97,9 @@ def test_modes_beat_random_and_hungarian_balances() -> None:
     obs, true, names, _ = world(seed=3)
     random_cost = float(true.mean())
     best = float(true.min(axis=0).mean())
-    top1 = plan(obs, "top1", dims=2)
-    top3 = plan(obs, "topk", k=3, dims=2)
-    hung = plan(obs, "hungarian", dims=2)
+    top1 = owners(obs, "top1", dims=2)
+    top3 = owners(obs, "topk", k=3, dims=2)
+    hung = owners(obs, "hungarian", dims=2)
     assert len(top1) == len(top3) == len(hung) == 40
     assert paid(top1, true, names) <= best * 1.3  # GNP picks a near-best node
     assert paid(top1, true, names) < 0.6 * random_cost
@@ -89,22 +116,24 @@ def test_modes_beat_random_and_hungarian_balances() -> None:
 
 def test_plans_are_stable_and_hungarian_keeps_a_good_enough_table() -> None:
     obs, _, _, _ = world(seed=5)
-    assert plan(obs, "topk", dims=2, seed=1) == plan(obs, "topk", dims=2, seed=1)
-    first = plan(obs, "hungarian", dims=2)
+    assert owners(obs, "topk", dims=2, seed=1) == owners(obs, "topk", dims=2, seed=1)
+    first = owners(obs, "hungarian", dims=2)
     # Noise-level drift: the current table is kept, nothing moves.
     jittered = Observations(
         obs.capacities,
         obs.sites,
         {n: {s: v * 1.01 for s, v in m.items()} for n, m in obs.rtt_ms.items()},
     )
-    again = plan(jittered, "hungarian", dims=2, current=first)
-    assert moved(first, again) == 0
+    again = place(jittered, "hungarian", dims=2, current=first)
+    assert moved(first, again.owners) == 0
+    assert again.moves == () and again.placed_costs == {}
     # A node leaves: only what it owned (plus rebalancing surplus) moves.
     gone = "n1"
     caps = {n: c for n, c in obs.capacities.items() if n != gone}
-    after = plan(Observations(caps, obs.sites, obs.rtt_ms), "hungarian", dims=2, current=first)
-    assert gone not in after.values()
-    assert moved(first, after) >= sum(1 for n in first.values() if n == gone)
+    after = place(Observations(caps, obs.sites, obs.rtt_ms), "hungarian", dims=2, current=first)
+    assert gone not in after.owners.values()
+    assert moved(first, after.owners) >= sum(1 for n in first.values() if n == gone)
+    assert len(after.moves) == moved(first, after.owners)
 
 
 def _two_sites(r0: tuple[float, float, float], r1: tuple[float, float, float]) -> Observations:
@@ -119,31 +148,34 @@ def _two_sites(r0: tuple[float, float, float], r1: tuple[float, float, float]) -
 
 def test_top1_moves_only_when_the_gain_beats_the_tolerance() -> None:
     obs = _two_sites((100.0, 105.0, 300.0), (100.0, 150.0, 300.0))
-    assert plan(obs, "top1") == {0: "a", 1: "a"}
+    assert owners(obs, "top1") == {0: "a", 1: "a"}
     # b is 5 % dearer than a for s0 (kept, noise), 50 % dearer for s1 (moved).
-    assert plan(obs, "top1", current={0: "b", 1: "b"}, tolerance=0.1) == {0: "b", 1: "a"}
-    assert plan(obs, "top1", current={0: "b", 1: "b"}, tolerance=0.0) == {0: "a", 1: "a"}
+    kept = place(obs, "top1", current={0: "b", 1: "b"}, tolerance=0.1)
+    assert kept.owners == {0: "b", 1: "a"}
+    assert kept.moves == (1,) and kept.placed_costs == {}
+    assert owners(obs, "top1", current={0: "b", 1: "b"}, tolerance=0.0) == {0: "a", 1: "a"}
     # An owner that is no longer live is replaced.
-    assert plan(obs, "top1", current={0: "gone", 1: None}) == {0: "a", 1: "a"}
+    assert owners(obs, "top1", current={0: "gone", 1: None}) == {0: "a", 1: "a"}
 
 
 def test_random_topk_keeps_an_owner_among_the_k_cheapest_and_replaces_others() -> None:
     obs = _two_sites((10.0, 20.0, 30.0), (30.0, 20.0, 10.0))
     # c is among the 2 cheapest for s1 (kept) but the dearest for s0 (moved to a or b).
-    got = plan(obs, "topk", k=2, current={0: "c", 1: "c"}, choice="random")
+    got = owners(obs, "topk", "random", k=2, current={0: "c", 1: "c"})
     assert got[1] == "c" and got[0] in {"a", "b"}
     for seed in range(20):
-        kept = plan(obs, "topk", k=2, seed=seed, current={0: "b", 1: "b"}, choice="random")
-        assert kept == {0: "b", 1: "b"}
+        kept = place(obs, "topk", "random", k=2, seed=seed, current={0: "b", 1: "b"})
+        assert kept.owners == {0: "b", 1: "b"}
+        assert kept.moves == ()
 
 
 def test_least_loaded_topk_keeps_an_owner_only_within_the_tolerance() -> None:
     obs = _two_sites((10.0, 10.5, 30.0), (30.0, 20.0, 10.0))
     # Both idle nodes: each site goes to its cheapest candidate...
-    assert plan(obs, "topk", k=2) == {0: "a", 1: "c"}
+    assert owners(obs, "topk", k=2) == {0: "a", 1: "c"}
     # ...but b, 5 % dearer for s0, is kept there (noise); for s1 it is 2x dearer: moved.
-    assert plan(obs, "topk", k=2, current={0: "b", 1: "b"}) == {0: "b", 1: "c"}
-    assert plan(obs, "topk", k=2, current={0: "b", 1: "b"}, tolerance=0.0) == {0: "a", 1: "c"}
+    assert owners(obs, "topk", k=2, current={0: "b", 1: "b"}) == {0: "b", 1: "c"}
+    assert owners(obs, "topk", k=2, current={0: "b", 1: "b"}, tolerance=0.0) == {0: "a", 1: "c"}
 
 
 def _zipf_world() -> tuple[Observations, dict[int, int]]:
@@ -161,20 +193,20 @@ def test_least_loaded_topk_puts_the_heaviest_site_on_its_nearest_node_and_spread
     None
 ):
     obs, backlog = _zipf_world()
-    got = plan(obs, "topk", k=3, backlog=backlog)
+    got = owners(obs, "topk", k=3, backlog=backlog)
     assert got[7] == "a"
     # a is busy with the big site: the light ones go to the other two candidates.
     assert all(got[p] in {"b", "c"} for p in got if p != 7)
     assert {got[p] for p in got if p != 7} == {"b", "c"}
     # The paper's uniform draw puts the big site on a far node for most seeds.
     far = sum(
-        plan(obs, "topk", k=3, seed=seed, backlog=backlog, choice="random")[7] != "a"
+        owners(obs, "topk", "random", k=3, seed=seed, backlog=backlog)[7] != "a"
         for seed in range(30)
     )
     assert far > 10
     # Without backlog every partition weighs one: the 3 nearest share the time
     # (sum of RTTs), not the count -- the nearer a node, the more sites it takes.
-    even = plan(obs, "topk", k=3)
+    even = owners(obs, "topk", k=3)
     assert set(even.values()) == {"a", "b", "c"}
     load = {n: sum(obs.rtt_ms[n][obs.sites[p]] for p, v in even.items() if v == n) for n in "abc"}
     assert max(load.values()) - min(load.values()) <= 150.0  # at most one site's cost apart
@@ -189,17 +221,18 @@ def test_least_loaded_topk_replans_move_little_while_backlogs_drain() -> None:
     rtt = {n: {s: float(rng.uniform(20, 300)) for s in sites.values()} for n in names}
     obs = Observations(dict.fromkeys(names, 1.0), sites, rtt)
     backlog = {p: int(300 / (p + 1)) for p in sites}  # Zipf-sized
-    first = plan(obs, "topk", k=3, backlog=backlog)
+    first = owners(obs, "topk", k=3, backlog=backlog)
     total = 0
     current = first
     for _ in range(5):  # five plans while every queue drains a little
         backlog = {p: max(0, b - int(rng.integers(0, 4))) for p, b in backlog.items()}
-        again = plan(obs, "topk", k=3, backlog=backlog, current=current)
-        total += moved(current, again)
-        current = again
+        again = place(obs, "topk", k=3, backlog=backlog, current=current)
+        assert len(again.moves) == moved(current, again.owners)
+        total += moved(current, again.owners)
+        current = again.owners
     assert current[0] == first[0]  # the dominant site never leaves its node
     assert total <= 6  # a few light partitions at most, over five re-plans
-    fresh = moved(first, plan(obs, "topk", k=3, backlog=backlog))
+    fresh = moved(first, owners(obs, "topk", k=3, backlog=backlog))
     assert fresh > total + 5  # a plan from scratch on the drained backlogs reshuffles more
 
 
@@ -207,26 +240,28 @@ def test_hungarian_weighs_partitions_by_backlog_and_stays_balanced() -> None:
     obs, backlog = _zipf_world()
     # Every site prefers a over b over c over d by the same margins: unweighted,
     # which sites get a's 3 slots is a tie.  Weighted, the big site gets one.
-    for current in (None, {p: "d" for p in obs.sites}):
-        got = plan(obs, "hungarian", backlog=backlog, current=current)
+    for current in ({}, {p: "d" for p in obs.sites}):
+        got = owners(obs, "hungarian", backlog=backlog, current=current)
         assert got[7] == "a"
         counts = [sum(1 for v in got.values() if v == n) for n in "abcd"]
         assert counts == [3, 3, 3, 3]
     # Re-plans after placement: the backlog drains, nothing drifted, nothing moves.
-    placed: dict[int, float] = {}
-    first = plan(obs, "hungarian", backlog=backlog, placed_out=placed)
+    first = place(obs, "hungarian", backlog=backlog)
+    placed = first.placed_costs
     drained = {p: n // 4 for p, n in backlog.items()}
-    again = plan(obs, "hungarian", backlog=drained, current=first, placed=placed)
-    assert moved(first, again) == 0
+    again = owners(obs, "hungarian", backlog=drained, current=first.owners, placed=placed)
+    assert moved(first.owners, again) == 0
     # A site whose backlog grew is not "drifted": its link did not change.
     grown = {**drained, 3: 500}
-    assert moved(first, plan(obs, "hungarian", backlog=grown, current=first, placed=placed)) == 0
+    regrown = place(obs, "hungarian", backlog=grown, current=first.owners, placed=placed)
+    assert moved(first.owners, regrown.owners) == 0
 
 
 def test_plan_rejects_an_unknown_topk_choice() -> None:
-    obs, _ = _zipf_world()
     with pytest.raises(ValueError, match=r"unknown top-k choice 'best'.*least_loaded, random"):
-        plan(obs, "topk", choice="best")
+        strategy("topk", choice="best")
+    with pytest.raises(ValueError, match=r"unknown top-k choice 'best'.*least_loaded, random"):
+        TopK("best")
 
 
 @pytest.mark.parametrize("seed", [11, 12, 15])
@@ -237,13 +272,13 @@ def test_hungarian_replan_of_placed_partitions_moves_the_minimum_when_a_node_joi
     without = Observations(
         {n: c for n, c in obs.capacities.items() if n != "n5"}, obs.sites, obs.rtt_ms
     )
-    placed: dict[int, float] = {}
-    first = plan(without, "hungarian", dims=2, placed_out=placed)
+    planned = place(without, "hungarian", dims=2)
+    first, placed = planned.owners, planned.placed_costs
     assert "n5" not in first.values() and placed.keys() == first.keys()
     assert all(v > 0 for v in placed.values())
-    fresh = plan(obs, "hungarian", dims=2, current=first)  # no memory of what was placed
-    placed_again: dict[int, float] = {}
-    replan = plan(obs, "hungarian", dims=2, current=first, placed=placed, placed_out=placed_again)
+    fresh = owners(obs, "hungarian", dims=2, current=first)  # no memory of what was placed
+    replanned = place(obs, "hungarian", dims=2, current=first, placed=placed)
+    replan, placed_again = replanned.owners, replanned.placed_costs
     counts = np.bincount([names.index(n) for n in replan.values()], minlength=6)
     assert counts.max() - counts.min() <= 1  # the newcomer gets its share ...
     before = np.bincount([names.index(n) for n in first.values()], minlength=6)
@@ -251,28 +286,28 @@ def test_hungarian_replan_of_placed_partitions_moves_the_minimum_when_a_node_joi
     assert lower <= moved(first, replan) <= lower + 2  # ... moving about that much
     assert moved(first, fresh) > moved(first, replan)  # a re-solve moves more
     # Nothing changed: nothing moves.
-    assert moved(replan, plan(obs, "hungarian", dims=2, current=replan, placed=placed_again)) == 0
+    assert moved(replan, owners(obs, "hungarian", dims=2, current=replan, placed=placed_again)) == 0
 
 
 def test_a_kept_hash_placement_is_not_recorded_as_placed() -> None:
     """Regression: recording a kept hash table pinned it through every later reassign."""
     near = _two_sites((10.0, 10.5, 300.0), (10.5, 10.0, 300.0))
     hashed = {0: "b", 1: "a"}  # balanced and within the tolerance of the best
-    placed: dict[int, float] = {}
-    assert plan(near, "hungarian", current=hashed, placed_out=placed) == hashed
-    assert placed == {}
+    kept = place(near, "hungarian", current=hashed)
+    assert kept.owners == hashed
+    assert kept.placed_costs == {}
     # Better measurements show a real gain: the plan moves, and is recorded.
     far = _two_sites((10.0, 100.0, 300.0), (100.0, 10.0, 300.0))
-    got = plan(far, "hungarian", current=hashed, placed=placed or None, placed_out=placed)
-    assert got == {0: "a", 1: "b"}
-    assert placed == {0: 10.0, 1: 10.0}
+    got = place(far, "hungarian", current=hashed, placed=kept.placed_costs or None)
+    assert got.owners == {0: "a", 1: "b"}
+    assert got.placed_costs == {0: 10.0, 1: 10.0}
 
 
 def test_hungarian_places_what_hashing_put_somewhere_even_with_placed_partitions() -> None:
     obs, true, names, _ = world(seed=4)
     hashed = {p: names[p % 6] for p in obs.sites}  # a network-blind start
     placed = {p: 1.0 for p in list(obs.sites)[:5]}  # only five were placed before
-    got = plan(obs, "hungarian", dims=2, current=hashed, placed=placed)
+    got = owners(obs, "hungarian", dims=2, current=hashed, placed=placed)
     assert moved(hashed, got) > 10
     assert paid(got, true, names) < paid(hashed, true, names)
 
@@ -283,18 +318,55 @@ def test_bandwidth_cost_prefers_fast_links_and_storage() -> None:
     rtt = {"a": {"x:80": 50.0, "y:80": 50.0}, "b": {"x:80": 50.0, "y:80": 50.0}}
     bw = {"a": {"x:80": 9e6, "y:80": 1e6}, "b": {"x:80": 1e6, "y:80": 9e6}}
     obs = Observations(caps, sites, rtt, bw, {"a": 1e5, "b": 1e5})
-    assert plan(obs, "hungarian", cost="bandwidth") == {1: "a", 2: "b"}
-    assert plan(obs, "top1", cost="bandwidth") == {1: "a", 2: "b"}
+    assert owners(obs, "hungarian", cost="bandwidth") == {1: "a", 2: "b"}
+    assert owners(obs, "top1", cost="bandwidth") == {1: "a", 2: "b"}
 
 
 def test_nothing_known_means_no_plan_and_bad_modes_fail() -> None:
-    assert plan(Observations({"a": 1.0}, {}), "top1") == {}
-    assert plan(Observations({"a": 1.0}, {1: "x"}), "top1") == {}  # never measured
-    assert plan(Observations({"a": 1.0}, {1: "x"}, {"a": {"x": 5.0}}), "hash") == {}
+    assert owners(Observations({"a": 1.0}, {}), "top1") == {}
+    assert owners(Observations({"a": 1.0}, {1: "x"}), "top1") == {}  # never measured
+    assert owners(Observations({"a": 1.0}, {1: "x"}, {"a": {"x": 5.0}}), "hash") == {}
     with pytest.raises(ValueError, match="unknown placement mode 'nearest'"):
-        plan(Observations({"a": 1.0}, {1: "x"}), "nearest")
+        strategy("nearest")
     with pytest.raises(ValueError, match="unknown placement cost 'money'"):
-        plan(Observations({"a": 1.0}, {1: "x"}), "top1", cost="money")
+        PlacementProblem(Observations({"a": 1.0}, {1: "x"}), cost="money")
+
+
+def test_the_registry_names_one_strategy_class_per_mode() -> None:
+    assert MODES == tuple(STRATEGIES) == ("hash", "top1", "topk", "hungarian")
+    assert dict(STRATEGIES) == {"hash": Hash, "top1": Top1, "topk": TopK, "hungarian": Hungarian}
+    for mode, cls in STRATEGIES.items():
+        made = strategy(mode, choice="random")
+        assert type(made) is cls and made.name == mode
+    assert strategy("topk") == TopK("least_loaded")
+    assert strategy("topk", choice="random") == TopK("random")
+
+
+def test_one_problem_estimates_once_for_every_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    obs, backlog = _zipf_world()
+    current = {p: "d" for p in obs.sites}
+    fits: list[Observations] = []
+
+    def counting(seen: Observations, **kwargs: Any) -> placement.Estimate:
+        fits.append(seen)
+        return estimate_rtt(seen, **kwargs)
+
+    monkeypatch.setattr(placement, "estimate_rtt", counting)
+    problem = PlacementProblem(obs, current=current, backlog=backlog)
+    assert Hash().place(problem) == PlacementResult({})
+    assert fits == []  # hashing needs no estimate
+    results = {mode: strategy(mode).place(problem) for mode in ("top1", "topk", "hungarian")}
+    assert len(fits) == 1
+    assert problem.matrix is problem.matrix
+    assert problem.site_backlog == {obs.sites[p]: n for p, n in backlog.items()}
+    for mode, result in results.items():
+        fresh = place(obs, mode, current=current, backlog=backlog)
+        assert result == fresh
+        assert result.moves == tuple(p for p, n in result.owners.items() if current[p] != n)
+    assert results["top1"].placed_costs == results["topk"].placed_costs == {}
+    assert results["hungarian"].placed_costs.keys() == results["hungarian"].owners.keys()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        results["top1"].owners = {}  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(

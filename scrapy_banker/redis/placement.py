@@ -177,8 +177,8 @@ class PlacementAgent:
                 client.delete(self.plan_key)
             self._next_plan = now
             return []
-        for problem, result in planned[-1:]:
-            self._publish_plan(problem, result)
+        if planned:  # the plan just written to the table
+            self._publish_plan(*planned[-1])
         self.runs += 1
         if moves:
             logger.info("Placement (%s): %d partitions moved", self.config.mode, len(moves))

@@ -190,16 +190,13 @@ class BankerScheduler(BaseScheduler):
             self.queue.slot_freed(slot)
 
     def _request_left_downloader(self, request: Request, spider: Spider | None = None) -> None:
-        self._ended(request)
+        # Usually released already by the middleware (idempotent).
+        self.release(request, "left_downloader")
         # The downloader wrote the slot it used into meta: if a middleware
         # changed it, that slot has room now too.
         slot = request.meta.get("download_slot")
         if slot is not None:
             self.queue.slot_freed(str(slot))
-        if self.gate is not None:  # usually released already by the middleware
-            self.gate.release(request, "left_downloader")
 
     def _request_dropped(self, request: Request, spider: Spider | None = None) -> None:
-        self._ended(request)
-        if self.gate is not None:
-            self.gate.release(request, "dropped")
+        self.release(request, "dropped")

@@ -78,7 +78,10 @@ SCHEDULERS: dict[str, tuple[str, str]] = {
     "dapq": ("dapq", EPOLL),
     "scrapy_pq": ("scrapy_pq", EPOLL),
     "dapq_asyncio": ("dapq", ASYNCIO),
+    "banker_epoll": ("banker", EPOLL),
 }
+#: Run unless --schedulers says otherwise.
+DEFAULT_SCHEDULERS = ("banker", "dapq", "scrapy_pq", "dapq_asyncio")
 FULL_HOSTS = (10, 100, 1_000, 5_000)
 QUICK_HOSTS = (10, 100, 1_000)
 REGIMES = ("none", "wan")
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, nargs="*")
     parser.add_argument("--regimes", nargs="*", choices=REGIMES, default=list(REGIMES))
     parser.add_argument("--schedulers", nargs="*", choices=list(SCHEDULERS),
-                        default=list(SCHEDULERS))  # fmt: skip
+                        default=list(DEFAULT_SCHEDULERS))  # fmt: skip
     parser.add_argument("--pages", type=int, default=1500, help="content pages per farm")
     parser.add_argument("--concurrent", type=int, default=32)
     parser.add_argument("--per-domain", type=int, default=4)

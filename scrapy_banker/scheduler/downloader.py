@@ -5,12 +5,18 @@ which hides the downloader from ``DownloaderAwarePriorityQueue``: one place
 knows how Scrapy names a slot and how full it is, so the scheduler and the
 stores never probe the downloader's attributes themselves.
 
-It also counts the requests the scheduler handed out per slot until they
-end.  Scrapy's ``slot.active`` is filled only once a request has passed the
-downloader middlewares, a loop tick after ``next_request``; under the asyncio
-reactor a burst of ``next_request`` calls would otherwise see every slot
-empty and put far more than ``CONCURRENT_REQUESTS_PER_DOMAIN`` requests on
-one host.
+It counts what occupies each slot itself, instead of reading Scrapy's
+``slot.active``, which is wrong in both directions at the moments that
+matter: a request enters it only once it has passed the downloader
+middlewares, a loop tick after ``next_request`` (under the asyncio reactor a
+burst of ``next_request`` calls would see every slot empty and put far more
+than ``CONCURRENT_REQUESTS_PER_DOMAIN`` requests on one host), and it leaves
+it only after the response went back through the middlewares, *after*
+``request_left_downloader`` -- a lane re-checked on that signal would find
+the slot still full and stay parked with nothing left to wake it.  So a slot
+holds the requests this scheduler handed out until they end, plus
+*foreign* requests (``engine.download`` from an extension, a placement
+probe) from ``request_reached_downloader`` to ``request_left_downloader``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ class DownloaderView:
         self.scrapy_slots = False
         #: Requests handed to the engine and not ended yet, per slot.
         self.inflight: dict[str, int] = {}
+        #: Requests in the downloader that this scheduler did not hand out, per slot.
+        self.foreign: dict[str, int] = {}
+        self._foreign: dict[Request, str] = {}
 
     def attach(self, crawler: Crawler) -> None:
         """Find the engine's downloader (none in unit tests and tools: nothing to protect)."""
@@ -75,13 +84,16 @@ class DownloaderView:
     # -- room ------------------------------------------------------------------------
 
     def is_free(self, slot_key: str) -> bool:
-        if self.downloader is None:
+        dl = self.downloader
+        if dl is None:
             return True
-        ours = self.inflight.get(slot_key, 0)
-        slot = self.downloader.slots.get(slot_key)
+        used = self.inflight.get(slot_key, 0)
+        if self.foreign:
+            used += self.foreign.get(slot_key, 0)
+        slot = dl.slots.get(slot_key)
         if slot is None:
-            return ours < self._slot_concurrency(slot_key)
-        return max(ours, len(slot.active)) < int(slot.concurrency)
+            return used < self._slot_concurrency(slot_key)
+        return used < int(slot.concurrency)
 
     def _slot_concurrency(self, slot_key: str) -> int:
         """Concurrency the downloader will give a slot it has not created yet."""
@@ -108,6 +120,26 @@ class DownloaderView:
             self.inflight.pop(slot, None)
         return slot
 
+    def reached(self, request: Request) -> None:
+        """A request entered the downloader; count it if this scheduler did not hand it out."""
+        if META_SLOT not in request.meta:
+            slot = self.slot_key(request)
+            self._foreign[request] = slot
+            self.foreign[slot] = self.foreign.get(slot, 0) + 1
+
+    def left(self, request: Request) -> str | None:
+        """A request left the downloader: the foreign slot it freed, if any."""
+        if not self._foreign:
+            return None
+        slot = self._foreign.pop(request, None)
+        if slot is not None:
+            left = self.foreign[slot] - 1
+            if left > 0:
+                self.foreign[slot] = left
+            else:
+                del self.foreign[slot]
+        return slot
+
     # -- the downloader as a whole ---------------------------------------------------
 
     @property
@@ -125,4 +157,6 @@ class DownloaderView:
         # Whatever we still count as in flight ended on a path we did not see
         # (e.g. the engine dropped it).
         self.inflight.clear()
+        self.foreign.clear()
+        self._foreign.clear()
         return True

@@ -10,6 +10,16 @@ that slot until the downloader reports the slot freed.  A lane is therefore
 inspected once per "slot freed" event, which makes a pop O(log) amortized
 whatever the number of domains.
 
+Among lanes of equal priority the ring serves first the lane whose slot has
+the most requests queued (in power-of-two classes, FIFO within a class):
+longest-processing-time-first list scheduling.  With a per-slot concurrency
+limit, a crawl cannot end before its largest site has been fetched at that
+limit; serving that site whenever its slot has room -- rather than in turn
+with hundreds of small sites that have plenty of time -- is what lets a
+crawl finish close to that bound.  Small sites lose nothing overall: the
+largest sites' lanes leave the ring as soon as their slots are full, and the
+rest of the downloader's capacity goes to the others.
+
 Which topic is served is decided by :class:`~scrapy_banker.topics.TopicScheduler`;
 which *bucket* (persisted queue) a queue key belongs to by
 :class:`~scrapy_banker.directory.ExtendibleDirectory`.  Items are opaque: this
@@ -20,7 +30,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -55,7 +64,7 @@ class Entry(Generic[T]):
 
 
 class _Lane(Generic[T]):
-    __slots__ = ("heap", "slot", "state", "topic")
+    __slots__ = ("heap", "rank", "slot", "state", "ticket", "topic")
 
     def __init__(self, topic: str, slot: str) -> None:
         self.topic = topic
@@ -63,40 +72,45 @@ class _Lane(Generic[T]):
         self.state = _IDLE
         # (-priority, seq, entry): highest priority first, FIFO among equals.
         self.heap: list[tuple[int, int, Entry[T]]] = []
+        #: The slot's backlog class and the ring ticket of the lane's live ring entry.
+        self.rank = 0
+        self.ticket = -1
 
     def head_priority(self) -> int:
         return -self.heap[0][0]
 
 
 class _Ring(Generic[T]):
-    """Lanes of one topic that may dispatch, by head priority, round-robin among equals."""
+    """Lanes of one topic that may dispatch.
 
-    __slots__ = ("by_priority", "priorities")
+    Highest head priority first, then the largest backlog class, then FIFO.
+    A lane re-ranked while waiting gets a new entry; the old one is skipped
+    when it surfaces (its ticket no longer matches), which keeps every
+    operation a heap push or pop.
+    """
+
+    __slots__ = ("heap", "tickets")
 
     def __init__(self) -> None:
-        self.by_priority: dict[int, deque[_Lane[T]]] = {}
-        self.priorities: list[int] = []  # heap of -priority, one per non-empty deque
+        self.heap: list[tuple[int, int, int, _Lane[T]]] = []
+        self.tickets = itertools.count()
 
-    def add(self, lane: _Lane[T], priority: int) -> None:
-        lanes = self.by_priority.get(priority)
-        if lanes is None:
-            lanes = self.by_priority[priority] = deque()
-            heapq.heappush(self.priorities, -priority)
-        lanes.append(lane)
+    def add(self, lane: _Lane[T], priority: int, rank: int) -> None:
+        lane.rank = rank
+        ticket = lane.ticket = next(self.tickets)
+        heapq.heappush(self.heap, (-priority, -rank, ticket, lane))
 
     def pop(self) -> _Lane[T] | None:
-        if not self.priorities:
-            return None
-        priority = -self.priorities[0]
-        lanes = self.by_priority[priority]
-        lane = lanes.popleft()
-        if not lanes:
-            heapq.heappop(self.priorities)
-            del self.by_priority[priority]
-        return lane
+        heap = self.heap
+        while heap:
+            _, _, ticket, lane = heapq.heappop(heap)
+            if lane.ticket == ticket:
+                lane.ticket = -1
+                return lane
+        return None
 
     def __bool__(self) -> bool:
-        return bool(self.priorities)
+        return bool(self.heap)
 
 
 class Frontier(Generic[T]):
@@ -117,6 +131,8 @@ class Frontier(Generic[T]):
         self._lanes: dict[tuple[str, str], _Lane[T]] = {}
         self._rings: dict[str, _Ring[T]] = {}
         self._blocked: dict[str, list[_Lane[T]]] = {}
+        #: Items queued per slot, all topics: the slot's backlog.
+        self._pending: dict[str, int] = {}
         self._seq = itertools.count()
         self._len = 0
         self.blocked_skips = 0  # lanes found full at pop time and parked
@@ -153,15 +169,20 @@ class Frontier(Generic[T]):
         if lane is None:
             lane = self._lanes[(topic, slot)] = _Lane(topic, slot)
         heapq.heappush(lane.heap, (-priority, entry.seq, entry))
+        pending = self._pending[slot] = self._pending.get(slot, 0) + 1
+        rank = pending.bit_length()
         if lane.state == _IDLE:
             lane.state = _READY
             ring = self._rings.get(topic)
             if ring is None:
                 ring = self._rings[topic] = _Ring()
-            ring.add(lane, priority)
-        # A lane already READY keeps its place in the ring even if this item
-        # has a higher priority than its head: re-sorting would cost a search.
-        # The item still comes first *within* the lane.
+            ring.add(lane, priority, rank)
+        elif lane.state == _READY and rank > lane.rank:
+            # Its slot's backlog doubled while it waited: move it up.
+            self._rings[topic].add(lane, lane.head_priority(), rank)
+        # Otherwise a READY lane keeps its place even if this item has a higher
+        # priority than its head (re-sorting would cost a search); the item
+        # still comes first *within* the lane.
         self.topics.pushed(topic, now)
         self._len += 1
         return bucket
@@ -172,15 +193,21 @@ class Frontier(Generic[T]):
             ring = self._rings.get(topic)
             while ring:
                 lane = ring.pop()
-                assert lane is not None
+                if lane is None:
+                    break
                 if not is_free(lane.slot):
                     lane.state = _BLOCKED
                     self._blocked.setdefault(lane.slot, []).append(lane)
                     self.blocked_skips += 1
                     continue
                 _, _, entry = heapq.heappop(lane.heap)
+                left = self._pending[lane.slot] - 1
+                if left:
+                    self._pending[lane.slot] = left
+                else:
+                    del self._pending[lane.slot]
                 if lane.heap:
-                    ring.add(lane, lane.head_priority())
+                    ring.add(lane, lane.head_priority(), left.bit_length())
                 else:
                     lane.state = _IDLE
                     del self._lanes[(lane.topic, lane.slot)]
@@ -195,9 +222,10 @@ class Frontier(Generic[T]):
         lanes = self._blocked.pop(slot, None)
         if not lanes:
             return
+        rank = self._pending.get(slot, 0).bit_length()
         for lane in lanes:
             lane.state = _READY
-            self._rings[lane.topic].add(lane, lane.head_priority())
+            self._rings[lane.topic].add(lane, lane.head_priority(), rank)
 
     def unblock_all(self) -> int:
         """Make every parked lane eligible again; a safety net, O(parked lanes).

@@ -82,6 +82,7 @@ SCHEDULERS: dict[str, tuple[str, str]] = {
 }
 #: Run unless --schedulers says otherwise.
 DEFAULT_SCHEDULERS = ("banker", "dapq", "scrapy_pq", "dapq_asyncio")
+QUICK_SCHEDULERS = ("banker", "dapq", "scrapy_pq")
 FULL_HOSTS = (10, 100, 1_000, 5_000)
 QUICK_HOSTS = (10, 100, 1_000)
 REGIMES = ("none", "wan")
@@ -200,15 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, nargs="*")
     parser.add_argument("--regimes", nargs="*", choices=REGIMES, default=list(REGIMES))
     parser.add_argument("--schedulers", nargs="*", choices=list(SCHEDULERS),
-                        default=list(DEFAULT_SCHEDULERS))  # fmt: skip
-    parser.add_argument("--pages", type=int, default=1500, help="content pages per farm")
-    parser.add_argument("--concurrent", type=int, default=32)
+                        default=None)  # fmt: skip
+    parser.add_argument("--pages", type=int, help="content pages per farm (quick 800, else 1500)")
+    parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument("--per-domain", type=int, default=4)
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args(argv)
     hosts = tuple(args.hosts or (QUICK_HOSTS if args.quick else FULL_HOSTS))
     repeats = args.repeats or (1 if args.quick else 3)
+    args.pages = args.pages or (800 if args.quick else 1500)
+    if not args.schedulers:
+        args.schedulers = list(QUICK_SCHEDULERS if args.quick else DEFAULT_SCHEDULERS)
     started = time.monotonic()
     runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="crawl-matrix-") as tmp:

@@ -1,14 +1,16 @@
 """A fleet of Scrapy workers on one Redis: scrapy-redis's scheduler vs BankerRedisScheduler.
 
 What is measured
-    ``--workers`` (4) real worker processes (``scrapy_banker.testing.fleet``,
-    one ``CrawlerProcess`` each) crawl one local web farm
-    (``scrapy_banker.testing.webfarm``, its own process) through one real
-    ``redis-server``, first with one worker and then with ``--workers``, once
-    with scrapy-redis's shared queue (``scrapy_redis.scheduler.Scheduler`` +
-    ``RFPDupeFilter``) and once with scrapy-banker's partitioned, leased
-    frontier (``scrapy_banker.redis.scheduler.BankerRedisScheduler`` + the
-    add-on).  Every crawl runs to completion; the farm tells what was fetched.
+    Fleets of real worker processes (``scrapy_banker.testing.fleet``, one
+    ``CrawlerProcess`` each) crawl a local web farm
+    (``scrapy_banker.testing.webfarm``, its own process) through a real
+    ``redis-server``: one worker, then each fleet size of the mode (4; the
+    full mode adds 8), once with scrapy-redis's shared queue
+    (``scrapy_redis.scheduler.Scheduler`` + ``RFPDupeFilter``) and once with
+    scrapy-banker's partitioned, leased frontier
+    (``scrapy_banker.redis.scheduler.BankerRedisScheduler`` + the add-on).
+    Every crawl runs to completion; the farm tells what was fetched.  ``<n>``
+    below is a fleet size; ``workers`` in the JSON is the first one (4).
 
     * ``pages_per_s_<system>_<n>w``: pages the farm served during the run /
       wall time from the first worker's start to the last worker's exit.
@@ -32,6 +34,24 @@ What is measured
     * ``speedup_banker_<n>w_vs_1w``, ``speedup_scrapy_redis_<n>w_vs_1w`` and
       ``speedup_banker_vs_scrapy_redis_<n>w``: ratios of the wall-clock
       pages/s (``*_busy`` variants: of the busy figures).
+    * ``concurrency_bound_pages_per_s`` (``_<n>w`` for every fleet size, the
+      plain key for ``workers``): the most pages/s the configuration allows,
+      ``min(n x CONCURRENT_REQUESTS, hosts x per_host_limit) / latency``.
+      ``busy_efficiency_<system>_<n>w`` is the busy pages/s over that bound:
+      how much of the concurrency the fleet kept in use while it worked.
+    * ``tail_s_<system>_<n>w``: time from 90 % to 100 % of the pages served,
+      next to ``tail_work_s_<n>w``, the time those last 10 % take at the
+      concurrency bound (a tail much longer than that is one worker
+      finishing a backlog while the others idle).
+    * ``end_detect_s_<system>_<n>w``: from the last page served to the last
+      worker's exit.  Both systems' ``RedisSpider`` waits
+      ``MAX_IDLE_TIME_BEFORE_CLOSE`` for new start URLs after its last
+      response, so this is at least that (3 s); how fast a fleet of plain
+      spiders notices the end is tested in ``tests/test_redis_scheduler.py``.
+    * ``wall_ratio_<system>_<n>w_vs_1w``: wall time of the ``n``-worker crawl
+      over the 1-worker crawl (more workers must never finish later).
+    * ``first_response_s_<system>_<n>w``: from the first worker's start to
+      the first page served.
 
 Fairness
     Both systems get the same farm, the same seeds, the same
@@ -93,34 +113,58 @@ Fairness
       Scrapy's heartbeat, not the schedulers; ``--heartbeat 5`` restores
       stock Scrapy.
 
-Network-bound, not CPU-bound
+Network-bound, not CPU-bound: the trade-off
     The farm must be the bottleneck, not the 2 cores that run the workers,
-    the farm and Redis.  A worker costs about 5 ms of CPU per page (parsing,
-    link extraction; the banker's Redis thread adds some), so 4 workers x 16
-    requests must not complete more than ~200 pages/s: hence 300 ms per
-    request (4 x 16 / 0.3 s = 213 pages/s at most; 1 worker: 53).  At 100 ms
-    the 4-worker runs use ~75% of both cores and measure the machine.
-    ``cpu_busy`` (fraction of all cores busy during the run, from
-    ``/proc/stat``) and ``workers_cpu_s`` are reported per run, and
-    ``timeline`` (pages served by the end of each second) shows the ramp-up,
-    the plateau and the tail.  Hosts are equal in size in ``--quick`` (mildly
-    skewed, Zipf ``s = 0.2``, in the full mode) so that no single host's
-    ``per_host_limit / latency`` pace (6.7 pages/s) dominates a crawl's length.
+    the farm and Redis.  A page costs ~5 ms of a worker's CPU (Scrapy's
+    download, parsing and link extraction; the banker's Redis thread adds
+    ~0.5 ms), ~0.5 ms of the farm's and ~0.2 ms of Redis's, so 2 cores do
+    at most ~330 pages/s, less with anything else running.  4 workers x 16
+    requests at 300 ms allow 213 pages/s (~65 % of both cores), so the
+    4-worker crawls measure the schedulers, not the machine; at 100 ms they
+    would ask for 640 pages/s and measure the CPU.  The price is the
+    1-worker crawls: 16 requests at 300 ms are 53 pages/s, and 8,000 pages
+    take 2.5 minutes.  They would dominate ``--quick``, so the two systems'
+    1-worker crawls run at the same time, each on its own farm and Redis
+    (together they use ~0.6 of a core: neither slows the other), and
+    ``--quick`` takes ~4.5 minutes instead of ~7; ``--serial-1w`` runs them
+    one after the other.  A shorter latency or more concurrency would
+    shorten the 1-worker crawls only by letting the 4-worker crawls hit the
+    CPU.  ``cpu_busy`` (fraction of all cores busy during the run, from
+    ``/proc/stat``; the parallel 1-worker crawls share one figure),
+    ``workers_cpu_s`` and ``workers_main_cpu_s`` (the reactor threads'
+    share) and ``redis_cpu_s`` are reported per run, and ``timeline``
+    (pages served by the end of each second) shows the ramp-up, the plateau
+    and the tail.
+
+    The farm has 400 hosts and 8,000 pages (6,400 content pages, plus each
+    host's root and three index pages), so that the steady state -- not
+    the start-up -- decides the figures: at 213 pages/s a 4-worker crawl
+    runs ~40 s.  Hosts are equal in size in ``--quick`` (mildly skewed,
+    Zipf ``s = 0.2``, in the full mode) so that no single host's
+    ``per_host_limit / latency`` pace (6.7 pages/s) dominates a crawl's
+    length; 400 hosts x 2 requests (800) stay well above any fleet's
+    concurrency, so the concurrency bound is ``n x 16 / 0.3 s``.  The full
+    mode adds 8 workers (427 pages/s: CPU-bound on 2 cores) and repeats
+    every configuration 3 times (medians).
 
 Usage::
 
-    python benchmarks/distributed.py --quick   # 80 hosts, 1,280 pages, 300 ms (~1.7 min)
-    python benchmarks/distributed.py           # 150 hosts, ~3,000 pages, 2 repeats (~7 min)
-    python benchmarks/distributed.py --tiny    # smoke test: 2 workers, 190 pages (~15 s)
+    python benchmarks/distributed.py --quick   # 400 hosts, 8,000 pages, 1 and 4 workers (~4.5 min)
+    python benchmarks/distributed.py           # Zipf 0.2, 1, 4 and 8 workers, 3 repeats (~30 min)
+    python benchmarks/distributed.py --tiny    # smoke test: 2 workers, 190 pages (~20 s)
 
-``--seed`` (farm layout), ``--workers`` (fleet size, >= 2), ``--repeats``,
-``--hosts``, ``--pages``, ``--latency-ms``, ``--zipf``, ``--heartbeat``,
-``--reactor`` and ``--banker-set KEY=JSON`` (extra settings for the banker
-runs, e.g. ``--banker-set BANKER_REDIS_PARTITIONS=64``) override the mode.
+``--seed`` (farm layout), ``--workers`` (fleet sizes, each >= 2, e.g.
+``4,8``), ``--repeats``, ``--hosts``, ``--pages``, ``--latency-ms``,
+``--concurrent``, ``--zipf``, ``--heartbeat``, ``--reactor``,
+``--serial-1w`` and ``--banker-set KEY=JSON`` (extra settings
+for the banker runs, e.g. ``--banker-set BANKER_REDIS_PARTITIONS=64``)
+override the mode.
 Progress goes to stderr, a summary to stdout, and the last stdout line is
-the JSON object: the keys above plus ``per_host_limit``, ``workers``, the
-farm parameters and ``runs`` (every run's details; with ``--repeats`` > 1 the
-pages/s figures are medians and lost/duplicates the worst run's).  A run
+the JSON object: the keys above plus ``per_host_limit``, ``workers``,
+``fleet_sizes``, the farm parameters and ``runs`` (every run's details; with
+``--repeats`` > 1 the timings are medians and lost/duplicates and the
+per-host maxima the worst run's).  ``lost``, ``duplicates`` and
+``max_concurrent_per_host_banker`` cover every banker fleet run.  A run
 that loses pages, or a worker that exits non-zero, prints the worker log
 tails to stderr; the JSON is printed all the same.
 """
@@ -131,13 +175,13 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +189,10 @@ from typing import Any
 START_URLS_KEY = "fleet:start_urls"
 BANKER_SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
 SYSTEMS: tuple[str, ...] = ("scrapy_redis", "banker")
-CONCURRENT = 16
 PER_HOST = 2
 SAMPLE_S = 0.1
+#: Fraction of the pages after which the tail starts (``tail_s``).
+TAIL_FROM = 0.9
 #: This module, as the workers import it (``benchmarks/`` on their PYTHONPATH).
 TUNING = "distributed.FleetTuning"
 #: ``--reactor`` shorthands; anything else is taken as an import path.
@@ -155,6 +200,12 @@ REACTORS = {
     "epoll": "twisted.internet.epollreactor.EPollReactor",
     "asyncio": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
 }
+#: Summed over a banker fleet's workers into each run's ``banker_<name>``.
+BANKER_COUNTERS = (
+    "handover_waits", "idle_waits", "popped", "partitions_moved", "fenced", "redelivered",
+    "handed_back", "steals", "partitions_stolen", "duplicates", "duplicates_cached",
+    "drain_checks",
+)  # fmt: skip
 
 
 class FleetTuning:
@@ -209,14 +260,14 @@ class Workload:
     total_pages: int
     latency_ms: float
     zipf_s: float
-    workers: int
+    #: Fleet sizes measured besides 1 worker; the first is the headline one.
+    fleets: tuple[int, ...]
     repeats: int
     #: Per-run limit (s): a run still going after it is killed and reported.
     timeout_s: float
-    #: MAX_IDLE_TIME_BEFORE_CLOSE (whole seconds: scrapy-redis truncates it)
-    #: and BANKER_REDIS_IDLE_BEFORE_CLOSE; the smoke test shortens both.
+    concurrent: int = 16
+    #: MAX_IDLE_TIME_BEFORE_CLOSE (whole seconds: scrapy-redis truncates it).
     max_idle_s: int = 3
-    banker_idle_s: float = 1.0
 
     def farm_config(self, seed: int) -> Any:
         from scrapy_banker.testing.webfarm import FarmConfig
@@ -229,13 +280,17 @@ class Workload:
             latency_ms=self.latency_ms,
         )
 
+    def bound(self, workers: int) -> float:
+        """The concurrency bound (pages/s) of a fleet of ``workers``."""
+        return min(workers * self.concurrent, self.hosts * PER_HOST) / (self.latency_ms / 1000)
 
-FULL = Workload(hosts=150, total_pages=2400, latency_ms=300.0, zipf_s=0.2, workers=4,
-                repeats=2, timeout_s=600.0)  # fmt: skip
-QUICK = Workload(hosts=80, total_pages=960, latency_ms=300.0, zipf_s=0.0, workers=4,
-                 repeats=1, timeout_s=300.0)  # fmt: skip
-TINY = Workload(hosts=10, total_pages=150, latency_ms=50.0, zipf_s=0.0, workers=2,
-                repeats=1, timeout_s=60.0, max_idle_s=1, banker_idle_s=0.5)  # fmt: skip
+
+FULL = Workload(hosts=400, total_pages=6400, latency_ms=300.0, zipf_s=0.2, fleets=(4, 8),
+                repeats=3, timeout_s=900.0)  # fmt: skip
+QUICK = Workload(hosts=400, total_pages=6400, latency_ms=300.0, zipf_s=0.0, fleets=(4,),
+                 repeats=1, timeout_s=600.0)  # fmt: skip
+TINY = Workload(hosts=10, total_pages=150, latency_ms=50.0, zipf_s=0.0, fleets=(2,),
+                repeats=1, timeout_s=60.0, max_idle_s=1)  # fmt: skip
 
 
 def _log(message: str) -> None:
@@ -253,9 +308,9 @@ def _cpu_ticks() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _redis_cpu_s(client: Any) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 @dataclass(frozen=True)
@@ -266,7 +321,7 @@ class Options:
     reactor: str
     timeout_s: float
     max_idle_s: int
-    banker_idle_s: float
+    concurrent: int
     banker_extra: dict[str, Any]
 
 
@@ -278,7 +333,7 @@ def settings_for(
         "TWISTED_REACTOR": opts.reactor,
         "REMOTE_CONTROL_ENABLED": False,
         "REDIS_URL": redis_url,
-        "CONCURRENT_REQUESTS": CONCURRENT,
+        "CONCURRENT_REQUESTS": opts.concurrent,
         "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
         "MAX_IDLE_TIME_BEFORE_CLOSE": opts.max_idle_s,
         "REDIS_START_URLS_BATCH_SIZE": max(1000, 2 * seeds),
@@ -300,170 +355,232 @@ def settings_for(
         "SCHEDULER": BANKER_SCHEDULER,
         "ADDONS": {"scrapy_banker.Addon": 500},
         "BANKER_REDIS_NODE_ID": node,
-        "BANKER_REDIS_IDLE_BEFORE_CLOSE": opts.banker_idle_s,
         **opts.banker_extra,
     }
 
 
-def run_fleet(
-    system: str,
-    n_workers: int,
-    farm: Any,
-    redis_url: str,
-    workdir: Path,
-    opts: Options,
-) -> dict[str, Any]:
-    """One crawl of the farm by ``n_workers`` processes; what the farm saw, and when."""
-    import redis
+@dataclass
+class FleetRun:
+    """One crawl of one farm by ``n_workers`` processes, polled by :func:`run_fleets`."""
 
-    from scrapy_banker.testing.fleet import FleetWorker
-
-    client = redis.Redis.from_url(redis_url)
-    client.flushall()
-    farm.reset()
-    seeds = farm.start_urls()
-    client.rpush(START_URLS_KEY, *(json.dumps({"url": u}) for u in seeds))
-    client.close()
-    workdir.mkdir(parents=True, exist_ok=True)
-    cpu0, children0 = _cpu_ticks(), _children_cpu_s()
-    t0 = time.monotonic()
-    workers = [
-        FleetWorker(
-            f"w{i}",
-            workdir,
-            {
-                "spider": "redis",
-                "seeds": [],
-                "settings": settings_for(system, redis_url, f"w{i}", len(seeds), opts),
-            },
-        )
-        for i in range(n_workers)
-    ]
+    system: str
+    n_workers: int
+    farm: Any
+    redis_url: str
+    workdir: Path
+    opts: Options
+    workers: list[Any] = field(default_factory=list)
+    t0: float = 0.0
     first_t: float | None = None
-    first_n = 0
-    last_t = t0
-    last_n = 0
-    timed_out = False
-    codes: dict[str, int | None] = {}
-    #: Pages served so far, once a second from the first worker's start.
-    timeline: list[int] = []
-    next_mark = t0
-    while True:
-        now = time.monotonic()
-        n = int(farm.stats()["requests"])
-        if n and first_t is None:
-            first_t, first_n = now, n
-        if n != last_n:
-            last_t, last_n = now, n
-        if now >= next_mark:
-            timeline.append(n)
-            next_mark += 1.0
-        for w in workers:
-            if w.name not in codes and w.proc.poll() is not None:
-                codes[w.name] = w.proc.returncode
-        if len(codes) == len(workers):
-            break
-        if now - t0 > opts.timeout_s:
-            timed_out = True
-            for w in workers:
+    first_n: int = 0
+    last_t: float = 0.0
+    last_n: int = 0
+    end: float = 0.0
+    timed_out: bool = False
+    codes: dict[str, int | None] = field(default_factory=dict)
+    #: (time, pages served) at every poll.
+    samples: list[tuple[float, int]] = field(default_factory=list)
+    redis_cpu0: float = 0.0
+
+    def start(self) -> None:
+        import redis
+
+        from scrapy_banker.testing.fleet import FleetWorker
+
+        client = redis.Redis.from_url(self.redis_url)
+        client.flushall()
+        self.farm.reset()
+        seeds = self.farm.start_urls()
+        client.rpush(START_URLS_KEY, *(json.dumps({"url": u}) for u in seeds))
+        self.redis_cpu0 = _redis_cpu_s(client)
+        client.close()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.t0 = self.last_t = time.monotonic()
+        self.workers = [
+            FleetWorker(
+                f"w{i}",
+                self.workdir,
+                {
+                    "spider": "redis",
+                    "seeds": [],
+                    "settings": settings_for(
+                        self.system, self.redis_url, f"w{i}", len(seeds), self.opts
+                    ),
+                },
+            )
+            for i in range(self.n_workers)
+        ]
+
+    def poll(self, now: float) -> bool:
+        """Sample the farm; True once every worker has exited (or was killed)."""
+        n = int(self.farm.stats()["requests"])
+        self.samples.append((now, n))
+        if n and self.first_t is None:
+            self.first_t, self.first_n = now, n
+        if n != self.last_n:
+            self.last_t, self.last_n = now, n
+        for w in self.workers:
+            if w.name not in self.codes and w.proc.poll() is not None:
+                self.codes[w.name] = w.proc.returncode
+        if len(self.codes) == len(self.workers):
+            self.end = now
+            return True
+        if now - self.t0 > self.opts.timeout_s:
+            self.timed_out = True
+            for w in self.workers:
                 if w.proc.poll() is None:
                     w.kill()
-                    codes[w.name] = w.proc.returncode
-            break
-        time.sleep(SAMPLE_S)
-    end = time.monotonic()
-    for w in workers:
-        w.wait(30)  # reap, so RUSAGE_CHILDREN counts them
-    cpu1, children1 = _cpu_ticks(), _children_cpu_s()
-    stats = farm.stats(urls=True)
-    fetches: dict[str, int] = stats["fetches"]
-    expected = farm.expected_urls()
-    lost = len(expected - set(fetches))
-    duplicates = sum(c - 1 for c in fetches.values() if c > 1)
-    pages = int(stats["requests"])
-    wall = end - t0
-    busy = (last_t - first_t) if first_t is not None else 0.0
-    busy_pages = last_n - first_n
-    worker_stats: list[dict[str, Any]] = []
-    for w in workers:
-        try:
-            worker_stats.append(w.stats())
-        except AssertionError:
-            worker_stats.append({})
+                    self.codes[w.name] = w.proc.returncode
+            self.end = now
+            return True
+        return False
+
+    def result(self, workload: Workload, cpu_busy: float) -> dict[str, Any]:
+        import redis
+
+        for w in self.workers:
+            w.wait(30)
+        client = redis.Redis.from_url(self.redis_url)
+        redis_cpu = _redis_cpu_s(client) - self.redis_cpu0
+        client.close()
+        stats = self.farm.stats(urls=True)
+        fetches: dict[str, int] = stats["fetches"]
+        expected = self.farm.expected_urls()
+        lost = len(expected - set(fetches))
+        duplicates = sum(c - 1 for c in fetches.values() if c > 1)
+        pages = int(stats["requests"])
+        wall = self.end - self.t0
+        busy = (self.last_t - self.first_t) if self.first_t is not None else 0.0
+        busy_pages = self.last_n - self.first_n
+        tail_start = next((t for t, n in self.samples if n >= TAIL_FROM * self.last_n), self.last_t)
+        worker_stats: list[dict[str, Any]] = []
+        for w in self.workers:
+            try:
+                worker_stats.append(w.stats())
+            except AssertionError:
+                worker_stats.append({})
+        inflight = stats["max_inflight_per_host"]
+        busy_rate = busy_pages / busy if busy > 0 else math.nan
+        timeline: list[int] = []
+        for t, n in self.samples:
+            while self.t0 + len(timeline) <= t:
+                timeline.append(n)
+        run: dict[str, Any] = {
+            "system": self.system,
+            "workers": self.n_workers,
+            "pages": pages,
+            "expected": len(expected),
+            "lost": lost,
+            "duplicates": duplicates,
+            "wall_s": round(wall, 3),
+            "busy_s": round(busy, 3),
+            "first_response_s": (
+                round(self.first_t - self.t0, 3) if self.first_t is not None else math.nan
+            ),
+            "tail_s": round(self.last_t - tail_start, 3),
+            "end_detect_s": round(self.end - self.last_t, 3),
+            "pages_per_s": pages / wall if wall > 0 else math.nan,
+            "pages_per_s_busy": busy_rate,
+            "busy_efficiency": busy_rate / workload.bound(self.n_workers),
+            "max_concurrent_per_host": max(inflight.values(), default=0),
+            "cpu_busy": cpu_busy,
+            "workers_cpu_s": round(sum(s.get("fleet/cpu_s", 0.0) for s in worker_stats), 2),
+            "workers_main_cpu_s": round(
+                sum(s.get("fleet/cpu_main_s", 0.0) for s in worker_stats), 2
+            ),
+            "redis_cpu_s": round(redis_cpu, 2),
+            "exit_codes": [self.codes.get(w.name) for w in self.workers],
+            "timed_out": self.timed_out,
+            "responses_per_worker": [s.get("response_received_count", 0) for s in worker_stats],
+            "finish_reasons": [s.get("finish_reason") for s in worker_stats],
+            "timeline": timeline,
+        }
+        if self.system == "banker":
+            for key in BANKER_COUNTERS:
+                run[f"banker_{key}"] = sum(
+                    int(s.get(f"banker/redis/{key}", 0)) for s in worker_stats
+                )
+        if lost or self.timed_out or any(c != 0 for c in run["exit_codes"]):
+            _log(f"!! {self.system} x{self.n_workers}: lost {lost}, exit codes "
+                 f"{run['exit_codes']}{', timed out' if self.timed_out else ''}")  # fmt: skip
+            for w in self.workers:
+                _log(f"---- log tail of {self.system} worker {w.name} ----\n{w.log_tail()}")
+        return run
+
+
+def run_fleets(runs: Sequence[FleetRun], workload: Workload) -> list[dict[str, Any]]:
+    """Start ``runs`` together and poll them until every worker has exited.
+
+    Several runs at once are the two systems' 1-worker crawls, each on its
+    own farm and Redis (see "the trade-off" in the module docstring).
+    """
+    cpu0 = _cpu_ticks()
+    for run in runs:
+        run.start()
+    active = list(runs)
+    while active:
+        now = time.monotonic()
+        active = [run for run in active if not run.poll(now)]
+        if active:
+            time.sleep(SAMPLE_S)
+    cpu1 = _cpu_ticks()
     cpu_busy = math.nan
     if cpu0 is not None and cpu1 is not None and cpu1[1] > cpu0[1]:
         cpu_busy = (cpu1[0] - cpu0[0]) / (cpu1[1] - cpu0[1])
-    inflight = stats["max_inflight_per_host"]
-    run: dict[str, Any] = {
-        "system": system,
-        "workers": n_workers,
-        "pages": pages,
-        "expected": len(expected),
-        "lost": lost,
-        "duplicates": duplicates,
-        "wall_s": round(wall, 3),
-        "busy_s": round(busy, 3),
-        "first_response_s": round(first_t - t0, 3) if first_t is not None else None,
-        "tail_s": round(end - last_t, 3),
-        "pages_per_s": pages / wall if wall > 0 else math.nan,
-        "pages_per_s_busy": busy_pages / busy if busy > 0 else math.nan,
-        "max_concurrent_per_host": max(inflight.values(), default=0),
-        "cpu_busy": cpu_busy,
-        "workers_cpu_s": round(children1 - children0, 2),
-        "exit_codes": [codes.get(w.name) for w in workers],
-        "timed_out": timed_out,
-        "responses_per_worker": [s.get("response_received_count", 0) for s in worker_stats],
-        "finish_reasons": [s.get("finish_reason") for s in worker_stats],
-        "timeline": timeline,
-    }
-    if system == "banker":
-        for key in ("handover_waits", "idle_waits", "popped", "partitions_moved", "fenced",
-                    "redelivered", "handed_back"):  # fmt: skip
-            run[f"banker_{key}"] = sum(int(s.get(f"banker/redis/{key}", 0)) for s in worker_stats)
-    if lost or timed_out or any(c != 0 for c in run["exit_codes"]):
-        _log(f"!! {system} x{n_workers}: lost {lost}, exit codes {run['exit_codes']}"
-             f"{', timed out' if timed_out else ''}")  # fmt: skip
-        for w in workers:
-            _log(f"---- log tail of {system} worker {w.name} ----\n{w.log_tail()}")
-    return run
+    return [run.result(workload, cpu_busy) for run in runs]
+
+
+#: Run details reported as the median over repeats.
+MEDIANS = ("pages_per_s", "pages_per_s_busy", "busy_efficiency", "wall_s", "busy_s",
+           "first_response_s", "tail_s", "end_detect_s")  # fmt: skip
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first run's details with the median pages/s figures; worst lost/duplicates."""
+    """The first run's details with the median timings; worst lost/duplicates/per-host."""
     out = dict(runs[0])
-    for key in ("pages_per_s", "pages_per_s_busy", "wall_s", "busy_s"):
-        values = [r[key] for r in runs if isinstance(r[key], (int, float))]
+    for key in MEDIANS:
+        values = [r[key] for r in runs if isinstance(r[key], (int, float)) and math.isfinite(
+            r[key])]  # fmt: skip
         out[key] = statistics.median(values) if values else math.nan
     for key in ("lost", "duplicates", "max_concurrent_per_host"):
         out[key] = max(r[key] for r in runs)
     out["pages_per_s_samples"] = [r["pages_per_s"] for r in runs]
     out["pages_per_s_busy_samples"] = [r["pages_per_s_busy"] for r in runs]
+    out["wall_s_samples"] = [r["wall_s"] for r in runs]
     return out
+
+
+def _fleet_sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    if not sizes or any(n < 2 for n in sizes):
+        raise argparse.ArgumentTypeError("fleet sizes must be integers >= 2, e.g. 4 or 4,8")
+    return sizes
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="~1.5 minutes")
+    mode.add_argument("--quick", action="store_true", help="~4.5 minutes")
     mode.add_argument("--tiny", action="store_true", help="smoke test, < 30 s")
     parser.add_argument("--seed", type=int, default=7, help="farm layout seed")
-    parser.add_argument("--workers", type=int, default=None, help="fleet size (>= 2)")
+    parser.add_argument("--workers", type=_fleet_sizes, default=None,
+                        help="fleet sizes besides 1 worker, e.g. 4 or 4,8")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=None, help="runs per configuration")
     parser.add_argument("--hosts", type=int, default=None, help="farm hosts")
     parser.add_argument("--pages", type=int, default=None, help="farm content pages")
     parser.add_argument("--latency-ms", type=float, default=None, help="farm latency")
+    parser.add_argument("--concurrent", type=int, default=None, help="CONCURRENT_REQUESTS")
     parser.add_argument("--zipf", type=float, default=None, help="host size skew")
     parser.add_argument("--heartbeat", type=float, default=0.5,
                         help="Scrapy engine heartbeat in s (5 = stock Scrapy)")  # fmt: skip
     parser.add_argument("--reactor", default="epoll",
                         help="TWISTED_REACTOR of the workers: epoll (default), asyncio "
                         "(Scrapy's default) or an import path")  # fmt: skip
+    parser.add_argument("--serial-1w", action="store_true",
+                        help="the two systems' 1-worker crawls one after the other")  # fmt: skip
     parser.add_argument("--banker-set", action="append", default=[], metavar="KEY=JSON",
                         help="extra setting for the banker runs")  # fmt: skip
-    args = parser.parse_args(argv)
-    if args.workers is not None and args.workers < 2:
-        parser.error("--workers must be >= 2 (the 1-worker runs are always made)")
-    return args
+    return parser.parse_args(argv)
 
 
 def _banker_extra(pairs: list[str]) -> dict[str, Any]:
@@ -479,6 +596,26 @@ def _banker_extra(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _describe(run: dict[str, Any]) -> str:
+    return (
+        f"  {run['system']:<12} x{run['workers']}: {run['pages']:,} pages, "
+        f"{run['pages_per_s']:7.1f} pages/s wall ({run['wall_s']:.1f} s), "
+        f"{run['pages_per_s_busy']:7.1f} busy ({run['busy_s']:.1f} s, efficiency "
+        f"{run['busy_efficiency']:.2f}); first response {run['first_response_s']} s, tail "
+        f"{run['tail_s']:.1f} s, end {run['end_detect_s']:.1f} s; max/host "
+        f"{run['max_concurrent_per_host']}; lost {run['lost']}, dup {run['duplicates']}; CPU "
+        f"{run['cpu_busy']:.0%} of all cores, workers {run['workers_cpu_s']:.1f} s (reactor "
+        f"{run['workers_main_cpu_s']:.1f}), redis {run['redis_cpu_s']:.1f} s; per worker "
+        f"{run['responses_per_worker']}"
+        + (
+            f"; moves {run['banker_partitions_moved']}, fenced {run['banker_fenced']}, "
+            f"handover waits {run['banker_handover_waits']}, steals {run['banker_steals']}"
+            if run["system"] == "banker"
+            else ""
+        )
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import _common
 
@@ -488,109 +625,139 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     workload = TINY if args.tiny else QUICK if args.quick else FULL
     if args.workers is not None:
-        workload = replace(workload, workers=args.workers)
+        workload = replace(workload, fleets=args.workers)
     if args.repeats is not None:
         workload = replace(workload, repeats=max(1, args.repeats))
     for arg, field_name in (("hosts", "hosts"), ("pages", "total_pages"),
-                            ("latency_ms", "latency_ms"), ("zipf", "zipf_s")):  # fmt: skip
+                            ("latency_ms", "latency_ms"), ("zipf", "zipf_s"),
+                            ("concurrent", "concurrent")):  # fmt: skip
         if getattr(args, arg) is not None:
             workload = replace(workload, **{field_name: getattr(args, arg)})
     banker_extra = _banker_extra(args.banker_set)
     reactor = REACTORS.get(args.reactor, args.reactor)
     opts = Options(
         args.heartbeat, reactor, workload.timeout_s, workload.max_idle_s,
-        workload.banker_idle_s, banker_extra,
+        workload.concurrent, banker_extra,
     )  # fmt: skip
     # The workers import FleetTuning from this module.
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (here, os.environ.get("PYTHONPATH", "")) if p
     )
-    n = workload.workers
+    fleets = workload.fleets
+    n = fleets[0]
     config = workload.farm_config(args.seed)
     counts = FarmModel(config).page_counts()
     started = time.perf_counter()
     _log(
         f"farm: {config.hosts} hosts, {sum(counts):,} content pages (largest host "
         f"{counts[0]}, smallest {counts[-1]}), {config.latency_ms:g} ms per request; "
-        f"CONCURRENT_REQUESTS={CONCURRENT}, CONCURRENT_REQUESTS_PER_DOMAIN={PER_HOST}; "
-        f"1 and {n} workers, {workload.repeats} run(s) each; engine heartbeat "
-        f"{args.heartbeat:g} s; reactor {reactor}; {os.cpu_count()} cores"
+        f"CONCURRENT_REQUESTS={workload.concurrent}, CONCURRENT_REQUESTS_PER_DOMAIN={PER_HOST}"
+        f"; 1 and {'/'.join(map(str, fleets))} workers, {workload.repeats} run(s) each; "
+        f"engine heartbeat {args.heartbeat:g} s; reactor {reactor}; {os.cpu_count()} cores"
         + (f"; banker extra settings {banker_extra}" if banker_extra else "")
     )
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    with (
-        WebFarm(config) as farm,
-        RedisServer() as server,
-        tempfile.TemporaryDirectory(prefix="distributed-") as tmp,
-    ):
+    with ExitStack() as stack:
+        farm = stack.enter_context(WebFarm(config))
+        server = stack.enter_context(RedisServer())
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="distributed-")))
+        # The second farm and Redis of the parallel 1-worker crawls.
+        farm2, server2 = farm, server
+        if not args.serial_1w:
+            farm2 = stack.enter_context(WebFarm(config))
+            server2 = stack.enter_context(RedisServer())
         _log(f"expected pages (BFS from {len(farm.start_urls())} roots): "
              f"{len(farm.expected_urls()):,}")  # fmt: skip
+
+        def make(system: str, workers: int, rep: int, second: bool = False) -> FleetRun:
+            return FleetRun(
+                system, workers, farm2 if second else farm,
+                server2.url if second else server.url,
+                tmp / f"{system}-{workers}w-{rep}", opts,
+            )  # fmt: skip
+
         for rep in range(workload.repeats):
-            for n_workers in (1, n):
-                # Alternate which system goes first, so drift hits both.
-                order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
-                for system in order:
-                    run = run_fleet(
-                        system, n_workers, farm, server.url,
-                        Path(tmp) / f"{system}-{n_workers}w-{rep}", opts,
-                    )  # fmt: skip
-                    samples.setdefault((system, n_workers), []).append(run)
-                    _log(
-                        f"  {system:<12} x{n_workers}: {run['pages']:,} pages, "
-                        f"{run['pages_per_s']:7.1f} pages/s wall ({run['wall_s']:.1f} s), "
-                        f"{run['pages_per_s_busy']:7.1f} busy ({run['busy_s']:.1f} s; first "
-                        f"response {run['first_response_s']} s, tail {run['tail_s']:.1f} s); "
-                        f"max/host {run['max_concurrent_per_host']}; lost {run['lost']}, "
-                        f"dup {run['duplicates']}; CPU {run['cpu_busy']:.0%} of all cores, "
-                        f"workers {run['workers_cpu_s']:.1f} s; per worker "
-                        f"{run['responses_per_worker']}"
-                    )
+            # Alternate which system goes first (and which farm it gets), so
+            # drift hits both.
+            order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
+            batches: list[list[FleetRun]] = []
+            if args.serial_1w:
+                batches += [[make(system, 1, rep)] for system in order]
+            else:
+                batches.append([make(order[0], 1, rep), make(order[1], 1, rep, second=True)])
+            batches += [[make(system, w, rep)] for w in fleets for system in order]
+            for batch in batches:
+                for run in run_fleets(batch, workload):
+                    samples.setdefault((run["system"], run["workers"]), []).append(run)
+                    _log(_describe(run))
     runs = {f"{s}_{w}w": _median_run(r) for (s, w), r in samples.items()}
 
     def get(system: str, workers: int, key: str) -> Any:
         return runs[f"{system}_{workers}w"][key]
 
-    def num(value: float, digits: int = 4) -> float | None:
+    def num(value: Any, digits: int = 4) -> float | None:
         return round(value, digits) if isinstance(value, (int, float)) and math.isfinite(
             value) else None  # fmt: skip
 
     out: dict[str, Any] = {
         "workers": n,
+        "fleet_sizes": list(fleets),
         "per_host_limit": PER_HOST,
-        "concurrent_requests": CONCURRENT,
+        "concurrent_requests": workload.concurrent,
         "hosts": config.hosts,
         "latency_ms": config.latency_ms,
+        "zipf_s": config.zipf_s,
         "expected_pages": get("banker", n, "expected"),
         "seed": args.seed,
         "heartbeat_s": args.heartbeat,
         "reactor": reactor,
         "repeats": workload.repeats,
+        "parallel_1w": not args.serial_1w,
         "banker_extra_settings": banker_extra,
+        "concurrency_bound_pages_per_s": num(workload.bound(n), 2),
     }
+    sizes = (1, *fleets)
+    for w in sizes:
+        out[f"concurrency_bound_pages_per_s_{w}w"] = num(workload.bound(w), 2)
+        out[f"tail_work_s_{w}w"] = num(
+            (1 - TAIL_FROM) * get("banker", w, "pages") / workload.bound(w), 3
+        )
     for system in SYSTEMS:
-        for w in (1, n):
+        for w in sizes:
             out[f"pages_per_s_{system}_{w}w"] = num(get(system, w, "pages_per_s"), 2)
             out[f"pages_per_s_{system}_{w}w_busy"] = num(get(system, w, "pages_per_s_busy"), 2)
-        for suffix, key in (("", "pages_per_s"), ("_busy", "pages_per_s_busy")):
-            out[f"speedup_{system}_{n}w_vs_1w{suffix}"] = num(
-                _common.ratio(get(system, n, key), get(system, 1, key))
+            out[f"busy_efficiency_{system}_{w}w"] = num(get(system, w, "busy_efficiency"), 3)
+            out[f"first_response_s_{system}_{w}w"] = num(get(system, w, "first_response_s"), 3)
+            out[f"tail_s_{system}_{w}w"] = num(get(system, w, "tail_s"), 3)
+            out[f"end_detect_s_{system}_{w}w"] = num(get(system, w, "end_detect_s"), 3)
+        for w in fleets:
+            for suffix, key in (("", "pages_per_s"), ("_busy", "pages_per_s_busy")):
+                out[f"speedup_{system}_{w}w_vs_1w{suffix}"] = num(
+                    _common.ratio(get(system, w, key), get(system, 1, key))
+                )
+            out[f"wall_ratio_{system}_{w}w_vs_1w"] = num(
+                _common.ratio(get(system, w, "wall_s"), get(system, 1, "wall_s"))
             )
     for suffix, key in (("", "pages_per_s"), ("_busy", "pages_per_s_busy")):
-        for w in (1, n):
+        for w in sizes:
             out[f"speedup_banker_vs_scrapy_redis_{w}w{suffix}"] = num(
                 _common.ratio(get("banker", w, key), get("scrapy_redis", w, key))
             )
-    out["max_concurrent_per_host_banker"] = get("banker", n, "max_concurrent_per_host")
-    out["max_concurrent_per_host_scrapy_redis"] = get("scrapy_redis", n, "max_concurrent_per_host")
+    out["max_concurrent_per_host_banker"] = max(
+        get("banker", w, "max_concurrent_per_host") for w in fleets
+    )
+    out["max_concurrent_per_host_scrapy_redis"] = max(
+        get("scrapy_redis", w, "max_concurrent_per_host") for w in fleets
+    )
     out["max_concurrent_per_host_banker_1w"] = get("banker", 1, "max_concurrent_per_host")
     out["max_concurrent_per_host_scrapy_redis_1w"] = get(
         "scrapy_redis", 1, "max_concurrent_per_host"
     )
-    out["lost"] = get("banker", n, "lost")
-    out["duplicates"] = get("banker", n, "duplicates")
-    out["lost_scrapy_redis"] = get("scrapy_redis", n, "lost")
-    out["duplicates_scrapy_redis"] = get("scrapy_redis", n, "duplicates")
+    out["lost"] = max(get("banker", w, "lost") for w in fleets)
+    out["duplicates"] = max(get("banker", w, "duplicates") for w in fleets)
+    out["lost_scrapy_redis"] = max(get("scrapy_redis", w, "lost") for w in fleets)
+    out["duplicates_scrapy_redis"] = max(get("scrapy_redis", w, "duplicates") for w in fleets)
     out["lost_1w"] = get("banker", 1, "lost")
     out["lost_scrapy_redis_1w"] = get("scrapy_redis", 1, "lost")
     out["runs"] = {
@@ -598,21 +765,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, run in runs.items()
     }
 
-    print(f"{'':<16}{'pages/s wall':>14}{'pages/s busy':>14}{'max/host':>10}{'lost':>6}{'dup':>6}")
+    print(
+        f"{'':<16}{'pages/s wall':>14}{'pages/s busy':>14}{'efficiency':>12}{'tail s':>8}"
+        f"{'end s':>7}{'max/host':>10}{'lost':>6}{'dup':>6}"
+    )
     for name, run in runs.items():
         print(
             f"{name:<16}{run['pages_per_s']:>14.1f}{run['pages_per_s_busy']:>14.1f}"
+            f"{run['busy_efficiency']:>12.3f}{run['tail_s']:>8.1f}{run['end_detect_s']:>7.1f}"
             f"{run['max_concurrent_per_host']:>10}{run['lost']:>6}{run['duplicates']:>6}"
         )
     print(
         f"banker vs scrapy-redis, {n} workers: {out[f'speedup_banker_vs_scrapy_redis_{n}w']}x "
         f"wall, {out[f'speedup_banker_vs_scrapy_redis_{n}w_busy']}x busy; {n} vs 1 workers: "
         f"banker {out[f'speedup_banker_{n}w_vs_1w']}x, scrapy-redis "
-        f"{out[f'speedup_scrapy_redis_{n}w_vs_1w']}x (wall)"
+        f"{out[f'speedup_scrapy_redis_{n}w_vs_1w']}x (wall); concurrency bound "
+        f"{out['concurrency_bound_pages_per_s']} pages/s"
     )
+    for line in (
+        _common.target_line(f"banker vs scrapy-redis pages/s, {n} workers",
+                            out[f"speedup_banker_vs_scrapy_redis_{n}w"] or math.nan, 1.1),
+        _common.target_line(f"banker busy efficiency, {n} workers",
+                            out[f"busy_efficiency_banker_{n}w"] or math.nan, 0.9, ""),
+        f"banker wall time {n} workers / 1 worker: {out[f'wall_ratio_banker_{n}w_vs_1w']} "
+        "(target <= 1)",
+        f"banker tail (90 -> 100 % of pages): {out[f'tail_s_banker_{n}w']} s; those pages "
+        f"at the bound: {out[f'tail_work_s_{n}w']} s",
+        f"banker end detection: {out[f'end_detect_s_banker_{n}w']} s after the last page "
+        f"(RedisSpider: includes MAX_IDLE_TIME_BEFORE_CLOSE = {workload.max_idle_s} s)",
+    ):  # fmt: skip
+        print(line)
     print(
-        f"max requests in flight per host with {n} workers (limit {PER_HOST} per worker): "
-        f"banker {out['max_concurrent_per_host_banker']}, scrapy-redis "
+        f"max requests in flight per host with {'/'.join(map(str, fleets))} workers (limit "
+        f"{PER_HOST} per worker): banker {out['max_concurrent_per_host_banker']}, scrapy-redis "
         f"{out['max_concurrent_per_host_scrapy_redis']}"
     )
     print(f"total time {time.perf_counter() - started:.1f} s")

@@ -90,10 +90,11 @@ META_GRANT: Final = "banker_grant"
 
 #: Download slot (``str``) the scheduler counted the request against when it
 #: handed it to the engine.  Set by ``BankerScheduler`` at dispatch (its
-#: downloader view, :mod:`scrapy_banker.scheduler.downloader`); popped there
-#: when the request ends (response, exception, left the downloader, dropped);
-#: read by ``BankerDownloaderMiddleware`` (to know a release is due) and the
-#: Redis request store (acknowledging leases without the engine's view).
+#: downloader view, :mod:`scrapy_banker.scheduler.downloader`); set to ``None``
+#: there when the request ends (response, exception, left the downloader,
+#: dropped), which also marks a request this scheduler did not hand out as
+#: ended; read by ``BankerDownloaderMiddleware`` (to know a release is due) and
+#: the Redis request store (acknowledging leases without the engine's view).
 #: Internal; transient: the Redis store strips it at enqueue, since a copy is
 #: a new request that has not been counted.
 META_SLOT: Final = "banker_slot"

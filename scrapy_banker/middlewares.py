@@ -102,7 +102,8 @@ class BankerDownloaderMiddleware:
         return response
 
     def _release(self, request: Request, outcome: str) -> None:
-        if META_SLOT in request.meta or META_GRANT in request.meta:
+        meta = request.meta
+        if meta.get(META_SLOT) is not None or META_GRANT in meta:
             release = getattr(running_scheduler(self.crawler), "release", None)
             if release is not None:
                 release(request, outcome)

@@ -17,7 +17,7 @@ is what it fences with.  Pure Python, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,9 @@ class PartitionTable:
         #: Bumped each time a partition changes owner: a node that still thinks
         #: it owns an older epoch is fenced off by the frontier.
         self.epochs: list[int] = [0] * partitions
+        #: Bumped by whoever stores a changed table; first in its JSON form, so
+        #: workers notice a change by reading a few bytes instead of the table.
+        self.version = 0
 
     def partition_of(self, key_hash: int) -> int:
         """First level: the logical partition of a queue key's hash."""
@@ -81,14 +84,28 @@ class PartitionTable:
                 out[owner] = out.get(owner, 0) + 1
         return out
 
-    def rebalance(self, capacities: Mapping[str, float]) -> list[Move]:
+    def rebalance(
+        self,
+        capacities: Mapping[str, float],
+        *,
+        busy: Collection[int] = (),
+        work: Sequence[int] | None = None,
+    ) -> list[Move]:
         """Second level: assign partitions to the live ``capacities`` nodes, moving the fewest.
 
         A node keeps every partition it owns up to its target; partitions of
         departed nodes and each node's surplus over its target go to the
         nodes under target.  The number of moves is therefore
         ``orphans + sum(max(0, owned - target))``, the minimum for these
-        targets.  Which surplus partitions move and where is deterministic.
+        targets.
+
+        Which partitions move is chosen so that moving costs nothing now and
+        shares the work out: a node keeps first the partitions in ``busy``
+        (it holds leases there -- moving one would make the new owner wait
+        until they are acked), and the rest of what it keeps and gives up
+        interleaves partitions by ``work`` (requests queued in each), so a
+        newcomer gets its share of the queued work, not only empty
+        partitions.  Every choice is deterministic.
         """
         targets = target_counts(self.size, capacities)
         if not targets:
@@ -98,21 +115,86 @@ class PartitionTable:
                     self.owners[p] = None
                     self.epochs[p] += 1
             return []
-        kept: dict[str, int] = dict.fromkeys(targets, 0)
+        weight = [0] * self.size if work is None else list(work)
+        owned: dict[str, list[int]] = {node: [] for node in targets}
         free: list[int] = []
         for p, owner in enumerate(self.owners):
-            if owner in targets and kept[owner] < targets[owner]:
-                kept[owner] += 1
+            if owner in owned:
+                owned[owner].append(p)
             else:
                 free.append(p)
+        kept: dict[str, int] = {}
+        for node, parts in owned.items():
+            target = targets[node]
+            kept[node] = min(target, len(parts))
+            if len(parts) <= target:
+                continue
+            leased = [p for p in parts if p in busy]
+            free += leased[target:]
+            room = target - min(target, len(leased))
+            rest = sorted((p for p in parts if p not in busy), key=lambda p: (-weight[p], p))
+            for i, p in enumerate(rest):
+                # Keep ``room`` of ``rest``, spread evenly over its work order.
+                if (i + 1) * room // len(rest) == i * room // len(rest):
+                    free.append(p)
+        need = {node: targets[node] - kept[node] for node in sorted(targets)}
+        left = dict(need)
         moves: list[Move] = []
-        needy = [(node, targets[node] - kept[node]) for node in sorted(targets)]
-        it = iter(free)
-        for node, want in needy:
-            for _ in range(want):
-                p = next(it)
-                moves.append(Move(p, self.owners[p], node))
-                self.owners[p] = node
+        for p in sorted(free, key=lambda p: (-weight[p], p)):
+            # The node furthest from its target gets the next partition, so the
+            # queued work is dealt out like cards rather than in blocks.
+            node = max((n for n in left if left[n]), key=lambda n: (left[n] / need[n], n))
+            left[node] -= 1
+            moves.append(Move(p, self.owners[p], node))
+            self.owners[p] = node
+            self.epochs[p] += 1
+        return moves
+
+    def steal(
+        self,
+        thief: str,
+        capacities: Mapping[str, float],
+        queued: Sequence[int],
+        leased: Sequence[int],
+        *,
+        slots: int,
+        limit: int,
+    ) -> list[Move]:
+        """Give ``thief`` partitions whose work waits for a saturated node (work stealing).
+
+        A node holding leases in at least ``slots`` partitions (a worker's
+        ``CONCURRENT_REQUESTS / CONCURRENT_REQUESTS_PER_DOMAIN``: hosts it can
+        fetch at once) is working at its concurrency; its partitions with
+        queued requests and no lease wait until one of those hosts runs dry.
+        The thief takes up to ``limit`` of them, at most half (rounded up) of
+        each such node's waiting partitions so the node still has work to
+        turn to, the most queued first: the longest jobs start first, which
+        shortens the tail.  A partition without leases has nothing in flight
+        anywhere, so its new owner pops it at once (no ``BUSY`` wait) and
+        politeness holds.  Partitions of nodes not in ``capacities`` (not
+        live) are left to :meth:`rebalance`.
+        """
+        if thief not in capacities or limit < 1:
+            return []
+        working: dict[str, int] = {}
+        waiting: dict[str, list[int]] = {}
+        for p, owner in enumerate(self.owners):
+            if owner is None or owner == thief or owner not in capacities:
+                continue
+            if leased[p] > 0:
+                working[owner] = working.get(owner, 0) + 1
+            elif queued[p] > 0:
+                waiting.setdefault(owner, []).append(p)
+        moves: list[Move] = []
+        for donor in sorted(waiting, key=lambda n: (-len(waiting[n]), n)):
+            if working.get(donor, 0) < slots:
+                continue  # it has room for its waiting hosts itself
+            parts = sorted(waiting[donor], key=lambda p: (-queued[p], p))
+            for p in parts[: (len(parts) + 1) // 2]:
+                if len(moves) >= limit:
+                    return moves
+                moves.append(Move(p, donor, thief))
+                self.owners[p] = thief
                 self.epochs[p] += 1
         return moves
 
@@ -138,7 +220,12 @@ class PartitionTable:
     # -- persistence (the table is stored in Redis as JSON) -------------------------
 
     def to_state(self) -> dict[str, Any]:
-        return {"size": self.size, "owners": list(self.owners), "epochs": list(self.epochs)}
+        return {
+            "version": self.version,
+            "size": self.size,
+            "owners": list(self.owners),
+            "epochs": list(self.epochs),
+        }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> PartitionTable:
@@ -158,6 +245,10 @@ class PartitionTable:
                 raise ValueError(f"malformed partition table: owner of {p} is {owner!r}")
             if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
                 raise ValueError(f"malformed partition table: epoch of {p} is {epoch!r}")
+        version = state.get("version", 0)  # tables written before versions had none
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"malformed partition table: version is {version!r}")
         table.owners = list(owners)
         table.epochs = list(epochs)
+        table.version = version
         return table

@@ -514,9 +514,11 @@ class RedisConfig:
         "BANKER_REDIS_IDLE_BACKOFF_MAX", 2.0, positive_float, group="redis"
     )
     idle_before_close: float = setting(
-        "BANKER_REDIS_IDLE_BEFORE_CLOSE", 5.0, non_negative_float, group="redis"
+        "BANKER_REDIS_IDLE_BEFORE_CLOSE", 0.0, non_negative_float, group="redis"
     )
     flush_on_start: bool = setting("BANKER_REDIS_FLUSH_ON_START", False, boolean, group="redis")
+    steal: bool = setting("BANKER_REDIS_STEAL", True, boolean, group="redis")
+    seen_cache: int = setting("BANKER_REDIS_SEEN_CACHE", 100_000, int_at_least(0), group="redis")
 
     def _check(self) -> None:
         """Rules between settings, once each is valid on its own."""

@@ -99,3 +99,75 @@ def test_state_round_trip_and_validation() -> None:
             PartitionTable.from_state(bad)
     with pytest.raises(ValueError, match="partitions must be an integer >= 1"):
         PartitionTable(0)
+
+
+def test_a_rebalance_keeps_the_partitions_with_leases_and_deals_the_work_out() -> None:
+    table = PartitionTable(64)
+    table.rebalance({"a": 1})
+    work = [p % 5 for p in range(64)]  # requests queued per partition
+    busy = {0, 9, 17, 40, 63}  # partitions a holds leases in: moving them would make b wait
+    moves = table.rebalance({"a": 1, "b": 1}, busy=busy, work=work)
+    assert len(moves) == 32 and all(m.old == "a" and m.new == "b" for m in moves)
+    assert busy <= set(table.owned_by("a"))
+    share = sum(work[p] for p in table.owned_by("b"))
+    assert abs(share - sum(work) / 2) <= max(work)  # b's half holds half of the queued work
+    assert [p for p in table.owned_by("b") if work[p]]  # not only empty partitions
+
+
+def test_a_rebalance_keeps_leased_partitions_up_to_the_target_only() -> None:
+    table = PartitionTable(8)
+    table.rebalance({"a": 1})
+    moves = table.rebalance({"a": 1, "b": 1}, busy=set(range(8)))
+    assert len(moves) == 4  # still balanced: targets win over leases
+    assert table.counts() == {"a": 4, "b": 4}
+
+
+def _table(owners: list[str]) -> PartitionTable:
+    table = PartitionTable(len(owners))
+    table.assign(dict(enumerate(owners)))
+    return table
+
+
+def test_steal_takes_waiting_partitions_of_saturated_nodes_only() -> None:
+    # a works on 3 partitions (leases) and has 4 waiting; b works on 1 and has 2 waiting.
+    owners = ["a"] * 7 + ["b"] * 3 + ["t"] * 2
+    queued = [0, 0, 0, 5, 9, 1, 7, 0, 4, 4, 0, 0]
+    leased = [2, 2, 1, 0, 0, 0, 0, 3, 0, 0, 0, 0]
+    table = _table(owners)
+    epochs = list(table.epochs)
+    caps = {"a": 1, "b": 1, "t": 1}
+    moves = table.steal("t", caps, queued, leased, slots=3, limit=8)
+    # b (1 partition in work < 3 slots) can start its waiting hosts itself: left alone.
+    # a is saturated: half of its 4 waiting partitions go, the most queued first.
+    assert [(m.partition, m.old, m.new) for m in moves] == [(4, "a", "t"), (6, "a", "t")]
+    assert table.owners[4] == table.owners[6] == "t"
+    assert [table.epochs[p] - epochs[p] for p in range(12)] == [0] * 4 + [1, 0, 1] + [0] * 5
+
+
+def test_steal_never_takes_a_partition_with_leases_and_respects_the_limit() -> None:
+    owners = ["a"] * 6 + ["t"]
+    queued = [3, 3, 3, 3, 3, 3, 0]
+    leased = [1, 1, 1, 0, 0, 0, 0]
+    caps = {"a": 1, "t": 1}
+    assert len(_table(owners).steal("t", caps, queued, leased, slots=3, limit=1)) == 1
+    moves = _table(owners).steal("t", caps, queued, leased, slots=3, limit=9)
+    assert {m.partition for m in moves} == {3, 4}  # half of 3 waiting, rounded up
+    assert _table(owners).steal("t", caps, queued, [0] * 7, slots=3, limit=9) == []
+    assert _table(owners).steal("t", caps, queued, leased, slots=3, limit=0) == []
+    # A thief that is not live, or partitions of nodes that are not, are left alone.
+    assert _table(owners).steal("x", caps, queued, leased, slots=3, limit=9) == []
+    assert _table(owners).steal("t", {"t": 1}, queued, leased, slots=3, limit=9) == []
+
+
+def test_the_version_travels_with_the_state() -> None:
+    table = PartitionTable(4)
+    table.rebalance({"a": 1})
+    table.version = 7
+    state = table.to_state()
+    assert next(iter(state)) == "version"  # first: a worker reads it from the head of the JSON
+    assert json.dumps(state).startswith('{"version": 7, ')
+    assert PartitionTable.from_state(json.loads(json.dumps(state))).version == 7
+    del state["version"]  # a table stored before versions existed
+    assert PartitionTable.from_state(state).version == 0
+    with pytest.raises(ValueError, match="version is -1"):
+        PartitionTable.from_state({**state, "version": -1})

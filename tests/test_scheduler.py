@@ -434,3 +434,87 @@ def test_data_and_file_urls_through_the_redis_store(
     assert stats["scheduler/enqueued/redis"] == stats["scheduler/dequeued/redis"] == 4
     assert stats["scheduler/enqueued/memory"] == stats["scheduler/dequeued/memory"] == 1
     assert stats["scheduler/unserializable"] == stats["banker/redis/unserializable"] == 1
+
+
+# -- politeness under both reactors -------------------------------------------------------
+
+POLITE_SPIDER = '''
+import json, sys
+import scrapy
+from scrapy.crawler import CrawlerProcess
+from scrapy.linkextractors import LinkExtractor
+from scrapy_banker.testing.resolver import farm_settings
+
+port, stats_file, reactor, scheduler = sys.argv[1:5]
+
+
+class Spider(scrapy.Spider):
+    name = "polite"
+    links = LinkExtractor()
+
+    async def start(self):
+        yield scrapy.Request(f"http://h0000.farm.test:{port}/")
+
+    def parse(self, response):
+        for link in self.links.extract_links(response):
+            yield response.follow(link.url)
+
+
+process = CrawlerProcess({
+    **farm_settings(),
+    "ADDONS": {"scrapy_banker.Addon": 500},
+    "SCHEDULER": scheduler,
+    "TWISTED_REACTOR": reactor,
+    "CONCURRENT_REQUESTS": 32,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+    "DOWNLOAD_DELAY": 0,
+    "BANKER_STATS_FILE": stats_file,
+    "LOG_LEVEL": "WARNING",
+})
+process.crawl(Spider)
+process.start()
+'''
+
+
+@pytest.mark.parametrize(
+    ("reactor", "scheduler", "polite"),
+    [
+        ("twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+         "scrapy_banker.scheduler.BankerScheduler", True),
+        ("twisted.internet.epollreactor.EPollReactor",
+         "scrapy_banker.scheduler.BankerScheduler", True),
+        # The control: Scrapy's own scheduler under the asyncio reactor (its
+        # default) exceeds the limit, so this test can tell the difference.
+        ("twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+         "scrapy.core.scheduler.Scheduler", False),
+    ],
+)  # fmt: skip
+def test_per_domain_limit_holds_under_both_reactors(
+    tmp_path: Path, reactor: str, scheduler: str, polite: bool
+) -> None:
+    import subprocess
+    import sys
+
+    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+
+    script = tmp_path / "spider.py"
+    script.write_text(POLITE_SPIDER)
+    stats_file = tmp_path / "stats.json"
+    config = FarmConfig(seed=2, hosts=1, total_pages=300, latency_ms=20.0,
+                        cross_host_link_prob=0.0)  # fmt: skip
+    with WebFarm(config) as farm:
+        proc = subprocess.run(
+            [sys.executable, str(script), str(farm.port), str(stats_file), reactor, scheduler],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        server = farm.stats()
+        expected = len(farm.expected_urls([farm.model.url(0, "/", farm.port)]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads(stats_file.read_text())
+    assert stats["finish_reason"] == "finished"
+    assert stats["response_received_count"] == expected
+    most = max(server["max_inflight_per_host"].values())
+    if polite:
+        assert most <= 2
+    else:
+        assert most > 2

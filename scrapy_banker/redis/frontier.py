@@ -26,19 +26,22 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from scrapy_banker.redis.keys import Keyspace, PartitionKeys, decode
-from scrapy_banker.redis.scripts import Busy, Fenced, ScriptCall, ScriptRunner
+from scrapy_banker.redis.scripts import Busy, Fenced, Refusal, ScriptCall, ScriptRunner
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
-    import redis
     from redis.cluster import RedisCluster
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "Census",
     "EnqueueOp",
+    "Flushed",
     "LeaseToken",
     "Leased",
     "NotOwner",
@@ -109,6 +112,46 @@ class PopResult:
     empty: list[int]
 
 
+@dataclass
+class Flushed:
+    """What one :meth:`RedisFrontier.flush` did."""
+
+    #: Per enqueue, in order: the new request's id, or None (a duplicate).
+    enqueued: list[str | None]
+    dead_lettered: int
+    acked: int
+    nacked: int
+
+
+@dataclass(frozen=True)
+class Census:
+    """Work left in the crawl, from one :meth:`RedisFrontier.census`."""
+
+    #: :attr:`Keyspace.finished <scrapy_banker.redis.keys.Keyspace.finished>`
+    #: read before and after counting the partitions.
+    before: int
+    after: int
+    #: Queued + leased requests found; with ``each=False`` counting stops at
+    #: the first partition with work, so only ``work == 0`` is exact.
+    work: int
+    #: Per partition (``each=True`` only; else empty).
+    queued: list[int]
+    leased: list[int]
+
+    @property
+    def drained(self) -> bool:
+        """Nothing queued or leased anywhere, and nothing finished while counting.
+
+        Each partition is counted atomically; work moves from one partition
+        to another only by a request's children being queued before the
+        request is acked, and every ack batch bumps the version first --
+        after its children were queued.  So if work moved from a partition
+        not counted yet to one already counted, the version changed in
+        between; if it did not, the crawl really was empty.
+        """
+        return self.work == 0 and self.before == self.after
+
+
 class RedisFrontier:
     """The queue operations of one crawl's frontier, on a redis-py client."""
 
@@ -134,6 +177,11 @@ class RedisFrontier:
         self.lease_ttl_ms = lease_ttl_ms
         self.max_deliveries = max_deliveries
         self.scripts = ScriptRunner(client)
+        #: A cluster pipeline runs each node's commands in parallel: what must
+        #: happen in order is sent one round trip per step there.
+        self.cluster = hasattr(client, "get_nodes")
+        # Every partition's (queue, leases) keys, for census scans.
+        self._count_keys: list[tuple[str, str]] | None = None
 
     def keys(self, partition: int) -> PartitionKeys:
         return self.keyspace.partition(partition)
@@ -154,14 +202,73 @@ class RedisFrontier:
 
     def enqueue_many(self, ops: Iterable[EnqueueOp]) -> list[str | None]:
         """Pipelined :meth:`enqueue`: one round trip for the batch."""
-        calls = []
-        for op in ops:
-            k = self.keys(op.partition)
-            calls.append(ScriptCall(
-                [k.queue, k.seen, k.payloads, k.meta],
-                [op.fingerprint, op.payload, int(op.priority), "1" if op.dont_filter else "0"],
-            ))  # fmt: skip
+        calls = [self._enqueue_call(op) for op in ops]
         return [None if r is None else decode(r) for r in self.scripts.values("enqueue", calls)]
+
+    def _enqueue_call(self, op: EnqueueOp) -> ScriptCall:
+        k = self.keys(op.partition)
+        return ScriptCall(
+            [k.queue, k.seen, k.payloads, k.meta],
+            [op.fingerprint, op.payload, int(op.priority), "1" if op.dont_filter else "0"],
+        )
+
+    def flush(
+        self,
+        enqueues: Sequence[EnqueueOp] = (),
+        dead: Sequence[tuple[LeaseToken, str]] = (),
+        acks: Mapping[int, Sequence[str]] | None = None,
+        nacks: Mapping[int, Sequence[str]] | None = None,
+    ) -> Flushed:
+        """A worker's queued operations, in the order the crawl's guarantees need.
+
+        Enqueues first (a callback's children), then -- when anything
+        finishes -- the :attr:`~scrapy_banker.redis.keys.Keyspace.finished`
+        bump, dead letters, acks (``partition -> refs``) and nacks.  So a
+        parent's ack never lands before its children, and a drain check
+        (:meth:`census`) that missed the children sees the version move.  One
+        pipeline, one round trip on a single server, whose commands run in
+        the order sent; on a cluster one round trip per step.
+        """
+        calls: list[tuple[str, ScriptCall]] = [
+            ("enqueue", self._enqueue_call(op)) for op in enqueues
+        ]
+        steps = [len(calls)]
+        acks = {p: ids for p, ids in (acks or {}).items() if ids}
+        nacks = {p: ids for p, ids in (nacks or {}).items() if ids}
+        if dead or acks:
+            calls.append(("bump", ScriptCall([self.keyspace.finished], [])))
+            steps.append(len(calls))
+        for token, reason in dead:
+            k = self.keys(token.partition)
+            calls.append(("deadletter", ScriptCall(
+                [k.leases, k.payloads, k.meta, k.dead], [token.id, reason, token.partition]
+            )))  # fmt: skip
+        for p, ids in acks.items():
+            k = self.keys(p)
+            calls.append(("ack", ScriptCall([k.leases, k.payloads, k.meta], list(ids))))
+        for p, ids in nacks.items():
+            k = self.keys(p)
+            calls.append(("nack", ScriptCall([k.queue, k.leases, k.meta], list(ids))))
+        if self.cluster:
+            answers: list[Any] = []
+            for start, end in zip([0, *steps], [*steps, len(calls)], strict=True):
+                answers += self.scripts.run_batch(calls[start:end])
+        else:
+            answers = self.scripts.run_batch(calls)
+        for answer in answers:
+            if isinstance(answer, Refusal):
+                raise redis.ResponseError(answer.reply)
+        out = Flushed([], 0, 0, 0)
+        for (name, _), answer in zip(calls, answers, strict=True):
+            if name == "enqueue":
+                out.enqueued.append(None if answer is None else decode(answer))
+            elif name == "deadletter":
+                out.dead_lettered += int(answer)
+            elif name == "ack":
+                out.acked += int(answer)
+            elif name == "nack":
+                out.nacked += int(answer)
+        return out
 
     # -- ownership ------------------------------------------------------------------
 
@@ -184,11 +291,20 @@ class RedisFrontier:
         return _leased(partition, answer)
 
     def pop_many(
-        self, owned: Mapping[int, int], node: str, count_per_partition: int = 1
+        self,
+        owned: Mapping[int, int],
+        node: str,
+        count_per_partition: int = 1,
+        *,
+        counts: Mapping[int, int] | None = None,
     ) -> PopResult:
-        """:meth:`pop` on many partitions in one round trip; ``owned``: partition -> epoch."""
+        """:meth:`pop` on many partitions in one round trip; ``owned``: partition -> epoch.
+
+        ``counts`` (partition -> how many) overrides ``count_per_partition``.
+        """
         result = PopResult([], [], [], [])
-        for p, answer in zip(owned, self._pop(owned, node, count_per_partition), strict=True):
+        answers = self._pop(owned, node, count_per_partition, counts)
+        for p, answer in zip(owned, answers, strict=True):
             if isinstance(answer, Fenced):
                 result.not_owned.append(p)
             elif isinstance(answer, Busy):
@@ -199,13 +315,20 @@ class RedisFrontier:
                 result.empty.append(p)
         return result
 
-    def _pop(self, owned: Mapping[int, int], node: str, count: int) -> list[Any]:
+    def _pop(
+        self,
+        owned: Mapping[int, int],
+        node: str,
+        count: int,
+        counts: Mapping[int, int] | None = None,
+    ) -> list[Any]:
         calls = []
         for p, epoch in owned.items():
             k = self.keys(p)
+            n = count if counts is None else counts.get(p, count)
             calls.append(ScriptCall(
                 [k.queue, k.leases, k.payloads, k.meta, k.owner],
-                [node, int(epoch), self.lease_ttl_ms, int(count)],
+                [node, int(epoch), self.lease_ttl_ms, int(n)],
             ))  # fmt: skip
         return self.scripts.run("pop", calls)
 
@@ -266,6 +389,59 @@ class RedisFrontier:
             if any_ and total:
                 break
         return total
+
+    def census(
+        self,
+        *,
+        each: bool = False,
+        chunk: int = 256,
+        between: Callable[[int], object] | None = None,
+    ) -> Census:
+        """Count the work left in every partition, between two readings of the version.
+
+        ``Census.drained`` is exact (see there); called by idle workers to
+        decide whether the crawl is over, and with ``each`` by hungry ones
+        to see which partitions wait.  Each partition's two sets are counted
+        in one script; on one server a script counts ``chunk`` partitions
+        (one round trip for all), on a cluster one partition (its slot).
+        ``between`` is called with each chunk's index after it was counted
+        (the chunks then go one round trip each): a test can move work in
+        the middle of a scan.
+        """
+        if self._count_keys is None:
+            self._count_keys = [(k.queue, k.leases) for k in map(self.keys, range(self.partitions))]
+        size = 1 if self.cluster else max(1, chunk)
+        calls = []
+        for start in range(0, self.partitions, size):
+            keys = [key for pair in self._count_keys[start : start + size] for key in pair]
+            calls.append(("count", ScriptCall(keys, ["each" if each else "sum"])))
+        before = self.finished_version()
+        if between is None:
+            answers = self.scripts.run_batch(calls)
+        else:
+            answers = []
+            for i, call in enumerate(calls):
+                answers += self.scripts.run_batch([call])
+                between(i)
+        after = self.finished_version()
+        queued: list[int] = []
+        leased: list[int] = []
+        work = 0
+        for answer in answers:
+            if isinstance(answer, Refusal):
+                raise redis.ResponseError(answer.reply)
+            if each:
+                counts = [int(n) for n in answer]
+                queued += counts[0::2]
+                leased += counts[1::2]
+                work += sum(counts)
+            else:
+                work += int(answer)
+        return Census(before, after, work, queued, leased)
+
+    def finished_version(self) -> int:
+        """The crawl's :attr:`~scrapy_banker.redis.keys.Keyspace.finished` counter."""
+        return int(self.client.get(self.keyspace.finished) or 0)
 
     def backlog(self, partitions: Iterable[int], *, chunk: int = 128) -> dict[int, int]:
         """Requests queued or leased per partition: the work each would take with it.
@@ -332,6 +508,8 @@ class RedisFrontier:
             return None
         requeued = dead = 0
         try:
+            # A reaper round may dead-letter: it finishes requests like an ack.
+            self.scripts.values("bump", [ScriptCall([self.keyspace.finished], [])])
             for start in range(0, self.partitions, max(1, chunk)):
                 parts = range(start, min(self.partitions, start + max(1, chunk)))
                 calls = [self._reap_call(partition, 1000) for partition in parts]

@@ -70,6 +70,11 @@ class Keyspace:
         #: Single-flight locks: one rebalance, one reaper at a time fleet-wide.
         self.rebalance_lock = f"{prefix}:rebalance-lock"
         self.reaper_lock = f"{prefix}:reaper-lock"
+        #: Counter bumped (INCR) before every batch that finishes requests --
+        #: acks, dead letters, a reaper round -- so that a drain check that
+        #: reads it before and after counting every partition knows no work
+        #: moved from a partition it had not counted yet to one it had.
+        self.finished = f"{prefix}:finished"
         # -- placement (PlacementAgent) --
         #: Hash partition -> netloc of the site it holds (first one wins).
         self.sites = f"{prefix}:sites"
@@ -100,6 +105,14 @@ class Keyspace:
             dead=f"{tag}:dead",
             seen=f"{tag}:seen",
         )
+
+    def ready(self, node: str) -> str:
+        """Set of partitions of ``node`` that other workers just queued work in (expires).
+
+        A wake-up, not a record: the owner pops those partitions next instead
+        of scanning every partition it owns to find them.
+        """
+        return f"{self.prefix}:ready:{node}"
 
     def rtt(self, node: str) -> str:
         """Hash netloc -> the node's denoised round-trip time (ms)."""

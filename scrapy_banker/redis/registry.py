@@ -7,15 +7,19 @@ whose heartbeat is older than the timeout is dead.  Any worker may rebalance
 which moves the fewest partitions.  The table (owners + epochs) is stored as
 JSON; each partition's ``owner`` key, ``node@epoch``, is what the Lua pop
 checks, so a worker that lost a partition is fenced off at once even before it
-reloads the table.  Heartbeats use the Redis server's clock, so workers'
-clock skew does not matter.
+reloads the table.  Every write bumps the table's version, stored first in
+its JSON, so workers notice a change by reading a few bytes
+(:meth:`NodeRegistry.table_version`) many times a second instead of
+reloading the table every heartbeat.  Heartbeats use the Redis server's
+clock, so workers' clock skew does not matter.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scrapy_banker.partitions import Move, PartitionTable
@@ -30,6 +34,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["NodeRegistry"]
+
+#: The head of a stored table: ``{"version": 12, ...``.
+_VERSION = re.compile(rb'^\{"version": (\d+)')
+#: Bytes of the stored table :meth:`NodeRegistry.table_version` reads.
+_HEAD = 40
 
 
 class NodeRegistry:
@@ -104,12 +113,81 @@ class NodeRegistry:
             )
         return table
 
-    def rebalance(self, node: str, lock_ttl_ms: int = 10_000) -> list[Move] | None:
-        """Recompute ownership for the live nodes; None if another node is doing it."""
-        moves = self.update(node, lambda table, live: table.rebalance(live), lock_ttl_ms)
+    def table_version(self) -> int:
+        """The stored table's version (0: none stored yet), read from its first bytes."""
+        head = self.client.getrange(self.keyspace.table, 0, _HEAD - 1)
+        match = _VERSION.match(head if isinstance(head, bytes) else str(head).encode())
+        return int(match.group(1)) if match else 0
+
+    def poll(self, node: str) -> tuple[int, list[int]]:
+        """What changed for ``node``: the table's version, and the partitions others woke.
+
+        One round trip, made many times a second by every worker: the first
+        bytes of the table and the node's :meth:`ready set
+        <scrapy_banker.redis.keys.Keyspace.ready>`, emptied as it is read.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        pipe.getrange(self.keyspace.table, 0, _HEAD - 1)
+        pipe.spop(self.keyspace.ready(node), self.frontier.partitions)
+        head, ready = pipe.execute()
+        match = _VERSION.match(head if isinstance(head, bytes) else str(head).encode())
+        return (int(match.group(1)) if match else 0), [int(p) for p in ready or ()]
+
+    def notify(self, ready: Mapping[str, Iterable[int]], ttl_s: int = 60) -> None:
+        """Tell each node which of its partitions just got work (see :meth:`poll`)."""
+        if not ready:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for node, partitions in ready.items():
+            key = self.keyspace.ready(node)
+            pipe.sadd(key, *partitions)
+            pipe.expire(key, ttl_s)
+        pipe.execute()
+
+    def rebalance(
+        self,
+        node: str,
+        lock_ttl_ms: int = 10_000,
+        *,
+        busy: set[int] | None = None,
+        work: Sequence[int] | None = None,
+    ) -> list[Move] | None:
+        """Recompute ownership for the live nodes; None if another node is doing it.
+
+        ``busy`` (partitions with leases) and ``work`` (requests queued per
+        partition) choose which partitions move, see
+        :meth:`PartitionTable.rebalance <scrapy_banker.partitions.PartitionTable.rebalance>`.
+        """
+        moves = self.update(
+            node,
+            lambda table, live: table.rebalance(live, busy=busy or (), work=work),
+            lock_ttl_ms,
+        )
         if moves:
             logger.info("Rebalanced: %d partitions moved", len(moves))
         return moves
+
+    def steal(
+        self,
+        thief: str,
+        queued: Sequence[int],
+        leased: Sequence[int],
+        *,
+        slots: int,
+        limit: int,
+        lock_ttl_ms: int = 10_000,
+    ) -> list[Move] | None:
+        """Take partitions whose work waits for a saturated node; None if the lock is busy.
+
+        See :meth:`PartitionTable.steal <scrapy_banker.partitions.PartitionTable.steal>`;
+        the counts come from :meth:`RedisFrontier.census
+        <scrapy_banker.redis.frontier.RedisFrontier.census>`.
+        """
+        return self.update(
+            thief,
+            lambda table, live: table.steal(thief, live, queued, leased, slots=slots, limit=limit),
+            lock_ttl_ms,
+        )
 
     def update(
         self,
@@ -131,8 +209,10 @@ class NodeRegistry:
             moves = change(table, self.live_nodes())
             if not moves and not any(o is None for o in table.owners):
                 return moves
+            table.version += 1
             pipe = self.client.pipeline(transaction=False)
-            pipe.set(keys.table, json.dumps(table.to_state()))
+            # Owner keys first: the old owners are fenced before the new
+            # version tells the new owners to pop.
             for move in moves:
                 pipe.set(
                     keys.partition(move.partition).owner,
@@ -141,6 +221,7 @@ class NodeRegistry:
             for p, owner in enumerate(table.owners):
                 if owner is None:  # no live node: fence everyone
                     pipe.delete(keys.partition(p).owner)
+            pipe.set(keys.table, json.dumps(table.to_state()))
             pipe.execute()
         finally:
             if decode(self.client.get(keys.rebalance_lock) or b"") == node:

@@ -97,20 +97,33 @@ class ScriptRunner:
         One round trip (two after a lost script); any other error reply is
         raised -- the first in call order, once the whole batch has run.
         """
+        return self.run_batch([(name, call) for call in calls])
+
+    def run_batch(self, calls: Sequence[tuple[str, ScriptCall]]) -> list[Any]:
+        """:meth:`run` for calls of several scripts, sent in order in one pipeline.
+
+        On one server the commands of a pipeline run in the order sent, which
+        is what lets a worker send a callback's children, the version bump and
+        the parent's ack in one round trip; a cluster pipeline runs each
+        node's share in parallel, so callers that need an order across
+        partitions send one batch per step there.
+        """
         if not calls:
             return []
-        sha = self._shas[name]
         results: list[Any] = [None] * len(calls)
         todo: Sequence[int] = range(len(calls))
         for attempt in range(1, _ATTEMPTS + 1):
-            if name not in self._loaded or attempt > 1:
-                # On a cluster, SCRIPT LOAD goes to every primary.
-                self.client.script_load(self._sources[name])
-                self._loaded.add(name)
+            for name in sorted({calls[i][0] for i in todo}):
+                if name not in self._loaded or attempt > 1:
+                    # On a cluster, SCRIPT LOAD goes to every primary.
+                    self.client.script_load(self._sources[name])
+                    self._loaded.add(name)
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
-                call = calls[i]
-                pipe.execute_command("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+                name, call = calls[i]
+                pipe.execute_command(
+                    "EVALSHA", self._shas[name], len(call.keys), *call.keys, *call.args
+                )
             answers = pipe.execute(raise_on_error=False)
             retry: list[int] = []
             for i, answer in zip(todo, answers, strict=True):

@@ -147,6 +147,9 @@ class RedisLeaseStore:
             client, self.frontier, node_timeout_ms=max(1, int(rconfig.node_timeout * 1000))
         )
         self.placement = placement_for(self.crawler, client, self.frontier, self.node)
+        settings = self.crawler.settings
+        self._concurrent = max(1, settings.getint("CONCURRENT_REQUESTS"))
+        per_host = max(1, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))
         self.worker = FrontierWorker(
             self.frontier,
             self.registry,
@@ -158,6 +161,9 @@ class RedisLeaseStore:
             idle_backoff_max_s=rconfig.idle_backoff_max,
             on_ready=self._on_ready,
             placement=None if self.placement is None else self.placement.agent,
+            slots=max(1, self._concurrent // per_host),
+            steal=rconfig.steal,
+            seen_cache=rconfig.seen_cache,
         )
         fingerprinter = getattr(self.crawler, "request_fingerprinter", None)
         if fingerprinter is None:  # pragma: no cover - Scrapy < 2.7
@@ -166,13 +172,17 @@ class RedisLeaseStore:
         self.spider: Spider | None = None
         #: Dispatched requests not acknowledged yet.
         self._dispatched: dict[Request, LeaseToken] = {}
+        #: Buffered leases given back because their partition moved away; the
+        #: entries stay in the local queue until popped, then are dropped.
+        self._handed_back: set[LeaseToken] = set()
+        #: The worker's ``owned`` this store last looked at (replaced whole on a change).
+        self._owned: dict[int, int] = {}
         self._waiting = False
         self._starved = False
         self._ticker: Any = None
         self._ticks = 0
         self._was_idle = False
         self._seen_work = False
-        self._concurrent = max(1, self.crawler.settings.getint("CONCURRENT_REQUESTS"))
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, parts: SchedulerParts) -> Self:
@@ -218,7 +228,7 @@ class RedisLeaseStore:
             token = lease_of(entry.item, self.rconfig.partitions)
             if token is None:
                 local_only += 1
-            else:
+            elif token not in self._handed_back:
                 self.worker.nack(token)
                 handed_back += 1
         if handed_back:
@@ -248,7 +258,19 @@ class RedisLeaseStore:
     # -- the store protocol -----------------------------------------------------------
 
     def is_duplicate(self, request: Request) -> bool:
-        return False  # deduplicated in Redis, by the enqueue script, fleet-wide
+        """Known to be in the crawl's seen sets already: dropped without a round trip.
+
+        Deduplication is the enqueue script's, fleet-wide; the worker thread
+        remembers the fingerprints Redis confirmed (:setting:`BANKER_REDIS_SEEN_CACHE`),
+        so the links a crawl finds again and again -- most of what a
+        callback yields -- cost neither encoding nor a Lua call.
+        """
+        if request.dont_filter:
+            return False
+        if self._fingerprinter.fingerprint(request).hex() in self.worker.seen:
+            self.stats.inc_value("banker/redis/duplicates_cached")
+            return True
+        return False
 
     def put(self, request: Request, c: Classified, now: float) -> str:
         for key in TRANSIENT_META:
@@ -275,13 +297,19 @@ class RedisLeaseStore:
         return "redis"
 
     def refill(self, now: float) -> None:
+        self._hand_back_lost()
         self._drain_inbound(now)
         self._ack_finished()
 
     def keep(self, entry: Entry[Request]) -> bool:
         """A request of a partition this node lost goes back: its new owner must fetch it."""
         token = lease_of(entry.item, self.rconfig.partitions)
-        if token is None or token.partition in self.worker.owned:
+        if token is None:
+            return True
+        if self._handed_back and token in self._handed_back:
+            self._handed_back.discard(token)  # given back when the partition moved
+            return False
+        if token.partition in self.worker.owned:
             return True
         self.worker.nack(token)
         self.stats.inc_value("banker/redis/handed_back")
@@ -365,7 +393,7 @@ class RedisLeaseStore:
             if everything or in_progress is None or request not in in_progress:
                 # Without the engine's view (another Scrapy version) a request
                 # is acked when it ended, i.e. when its slot was released.
-                if not everything and in_progress is None and META_SLOT in request.meta:
+                if not everything and in_progress is None and request.meta.get(META_SLOT) is not None:
                     continue
                 self.worker.ack(self._dispatched.pop(request))
 
@@ -380,13 +408,43 @@ class RedisLeaseStore:
             want = max(1, target // 2)
         worker.request(want)
         worker.local_idle = not (self._local() or self._dispatched)
+        # Room the buffered requests cannot use: the worker may take over
+        # partitions whose work waits for a saturated node.
+        worker.hungry = self._waiting and self.parts.downloader.active < self._concurrent
 
     def _on_ready(self) -> None:
         """Called on the worker thread when a pop landed."""
         if self._waiting:
             reactor.callFromThread(wake_engine, self.crawler)  # type: ignore[attr-defined]
 
+    def _hand_back_lost(self) -> None:
+        """Give back at once what is buffered of partitions this node no longer owns.
+
+        Their new owner's pops wait (``BUSY``) until every lease of the old
+        epoch is released; buffered requests would otherwise be released
+        only when they reach the head of their lane here.  Requests in
+        flight finish and are acked as usual.
+        """
+        owned = self.worker.owned
+        if owned is self._owned:
+            return
+        lost = self._owned.keys() - owned.keys()
+        self._owned = owned
+        if not lost:
+            return
+        self._drain_inbound(time.monotonic())
+        n = 0
+        for entry in self.queue.entries():
+            token = lease_of(entry.item, self.rconfig.partitions)
+            if token is not None and token.partition in lost and token not in self._handed_back:
+                self._handed_back.add(token)
+                self.worker.nack(token)
+                n += 1
+        if n:
+            self.stats.inc_value("banker/redis/handed_back", n)
+
     def _tick(self) -> None:
+        self._hand_back_lost()
         self._ack_finished()
         self._request_more()
         idle = not self._local() and not self.has_pending()

@@ -6,14 +6,30 @@ the scheduler only appends to in-memory op lists and reads an inbound deque;
 this thread does all the I/O, batched:
 
 * enqueues, dead-letters, acks and nacks are flushed in that order from one
-  atomic snapshot, so a parent's ack is never sent before the child requests
+  atomic snapshot (:meth:`RedisFrontier.flush
+  <scrapy_banker.redis.frontier.RedisFrontier.flush>`: one round trip on a
+  single server), so a parent's ack is never sent before the child requests
   its callback yielded are safely in Redis (if the enqueue fails, the ack is
   held back too, and the parent is redelivered -- at-least-once);
-* pops fill a bounded local buffer from the partitions this node owns, in a
-  rotating order so no partition starves;
-* a heartbeat registers the node, renews every lease it holds, reloads which
-  partitions it owns and rebalances when the live set of nodes changed; a
-  reaper (single-flight across the fleet) returns expired leases;
+* pops fill a bounded local buffer from the partitions this node owns and
+  knows to hold work -- its own enqueues, the partitions other workers woke
+  (:meth:`NodeRegistry.poll <scrapy_banker.redis.registry.NodeRegistry.poll>`)
+  and newly owned ones -- with a slow full scan as a safety net; a partition
+  whose requests this node already holds (buffered or in flight) up to a cap
+  is skipped, so the buffer holds hosts that can start, not a backlog that
+  could have gone to an idle worker;
+* many times a second it reads the partition table's version and reloads the
+  table when it changed, so a partition that moved is given up (and its
+  buffered requests handed back) within tens of milliseconds;
+* a heartbeat registers the node, renews every lease it holds and rebalances
+  when the live set of nodes changed; a reaper (single-flight across the
+  fleet) returns expired leases;
+* when the scheduler has room it cannot fill, it counts every partition
+  (:meth:`RedisFrontier.census <scrapy_banker.redis.frontier.RedisFrontier.census>`):
+  if nothing is queued or leased anywhere the crawl is over (exactly, not
+  after a quiet period), else it may take over partitions whose work waits
+  for a saturated node (:meth:`NodeRegistry.steal
+  <scrapy_banker.redis.registry.NodeRegistry.steal>`);
 * when Redis is unreachable it keeps everything queued in memory and retries
   with jittered exponential backoff (on top of redis-py's own ``Retry``);
   when it is idle it polls less and less often, up to a cap.
@@ -36,7 +52,14 @@ import redis
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from scrapy_banker.redis.frontier import EnqueueOp, Leased, LeaseToken, RedisFrontier
+    from scrapy_banker.partitions import Move, PartitionTable
+    from scrapy_banker.redis.frontier import (
+        Census,
+        EnqueueOp,
+        Leased,
+        LeaseToken,
+        RedisFrontier,
+    )
     from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.redis.registry import NodeRegistry
 
@@ -53,6 +76,25 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.ClusterDownError,
     OSError,
 )
+
+#: How often (s) a busy worker reads the table's version and its ready set.
+SYNC_INTERVAL_S = 0.05
+#: How often (s) every owned partition is popped, whether known to hold work
+#: or not: work queued by a tool, or a wake-up lost with a stale table.
+FULL_SCAN_INTERVAL_S = 2.0
+#: How often (s) a worker with room it cannot fill counts the crawl's work.
+CENSUS_INTERVAL_S = 0.1
+#: ... and once the crawl was found drained (a RedisSpider waiting for URLs).
+DRAINED_CENSUS_INTERVAL_S = 0.5
+#: While the crawl is not drained, idle sleeps stay this short.
+ACTIVE_IDLE_SLEEP_S = 0.1
+#: A partition refused as BUSY (a hand-over waiting for the previous owner's
+#: leases) is not asked again for this long.
+BUSY_RETRY_S = 0.05
+#: Steal attempts: at least this far apart, backing off to the maximum when
+#: there was nothing to take.
+STEAL_INTERVAL_S = 0.25
+STEAL_BACKOFF_MAX_S = 2.0
 
 
 class FrontierWorker:
@@ -74,6 +116,9 @@ class FrontierWorker:
         on_ready: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         placement: PlacementAgent | None = None,
+        slots: int = 8,
+        steal: bool = True,
+        seen_cache: int = 0,
     ) -> None:
         self.frontier = frontier
         self.placement = placement
@@ -83,23 +128,40 @@ class FrontierWorker:
         self.heartbeat_s = heartbeat_s
         self.reap_interval_s = reap_interval_s
         self.pop_per_partition = pop_per_partition
+        #: Requests of one partition this node holds (buffered or in flight)
+        #: beyond which it does not pop that partition.
+        self.held_cap = 2 * pop_per_partition
         self.idle_backoff_max_s = idle_backoff_max_s
         self.error_backoff_max_s = error_backoff_max_s
         self.enqueue_batch = enqueue_batch
         self.on_ready = on_ready
         self.clock = clock
+        #: Hosts this node fetches at once (``CONCURRENT_REQUESTS`` over the
+        #: per-domain limit): how many partitions it can work on.
+        self.slots = max(1, slots)
+        self.steal_enabled = steal
+        self.seen_cache = seen_cache
         #: Leased requests for the scheduler; deque appends/pops are thread-safe.
         self.inbound: deque[Leased] = deque()
         #: Partition -> epoch this node may pop; replaced whole, so a read is atomic.
         self.owned: dict[int, int] = {}
+        #: The partition table as last loaded (who owns what, for wake-ups).
+        self.table: PartitionTable | None = None
         #: How many more requests the scheduler would like buffered (set by it).
         self.want = 0
         #: Set by the scheduler: nothing buffered, nothing in flight.
         self.local_idle = False
+        #: Set by the scheduler: its downloader has room that nothing buffered can use.
+        self.hungry = False
         #: Server-side view: when the whole crawl was last seen empty (None: not empty).
         self.drained_since: float | None = None
         #: False from the first failed Redis call until one succeeds again.
         self.connected = True
+        #: Fingerprints Redis confirmed are in the crawl's seen sets (up to
+        #: ``seen_cache``; then it starts over): the scheduler drops a
+        #: request found here without a round trip.  Written by this thread
+        #: only; set membership tests are atomic for the reactor thread.
+        self.seen: set[str] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
@@ -114,12 +176,17 @@ class FrontierWorker:
         self._counters: dict[str, int] = {}
         self._cursor = 0
         self._nonempty: set[int] = set()
+        self._busy_until: dict[int, float] = {}
+        self._table_version = -1
         self._next_full_scan = 0.0
+        self._next_sync = 0.0
+        self._next_census = 0.0
+        self._next_steal = 0.0
+        self._steal_backoff = STEAL_INTERVAL_S
         self._idle_sleep = 0.0
         self._error_sleep = 0.0
         self._next_beat = 0.0
         self._next_reap = 0.0
-        self._next_drain_check = 0.0
         self._registered = False
 
     # -- reactor-thread API ---------------------------------------------------------
@@ -189,7 +256,7 @@ class FrontierWorker:
                 time.sleep(0.5)
         try:
             self.registry.leave(self.node)
-            self.registry.rebalance(self.node)
+            self._rebalance()
         except REDIS_ERRORS as exc:
             logger.warning(
                 "Could not leave the fleet cleanly (%s): the other nodes take this "
@@ -225,7 +292,12 @@ class FrontierWorker:
             if busy:
                 self._idle_sleep = 0.0
                 continue
-            self._idle_sleep = min(self.idle_backoff_max_s, max(0.02, self._idle_sleep * 2 or 0.02))
+            # Short sleeps while the crawl goes on (work may reach this node's
+            # partitions, or wait to be stolen); long ones once it is over.
+            cap = self.idle_backoff_max_s
+            if self.drained_since is None:
+                cap = min(cap, ACTIVE_IDLE_SLEEP_S)
+            self._idle_sleep = min(cap, max(0.02, self._idle_sleep * 2 or 0.02))
             self._count("banker/redis/idle_waits")
             self._wake.wait(self._idle_sleep)
             self._wake.clear()
@@ -253,15 +325,18 @@ class FrontierWorker:
             if reaped is not None:
                 self._count("banker/redis/reaped", reaped[0])
                 self._count("banker/redis/reaped_dead", reaped[1])
+                if reaped[0]:
+                    self._next_full_scan = 0.0  # requeued work: find it
+        if now >= self._next_sync:
+            self._sync()
+            self._next_sync = now + SYNC_INTERVAL_S
         popped = self._pop() if self.want > 0 and self.owned else 0
-        if not flushed and not popped and self.local_idle and now >= self._next_drain_check:
-            self._next_drain_check = now + 0.5
-            if self.frontier.outstanding(any_=True) == 0 and not self.pending_ops():
-                if self.drained_since is None:
-                    self.drained_since = now
-            else:
-                self.drained_since = None
+        idle = not flushed and not popped and (self.local_idle or self.hungry)
+        if idle and now >= self._next_census:
+            self._idle_census(now)
         return bool(flushed or popped)
+
+    # -- membership, table ------------------------------------------------------------
 
     def _heartbeat(self) -> None:
         registry = self.registry
@@ -277,21 +352,45 @@ class FrontierWorker:
         table = registry.load_table()
         owners = {o for o in table.owners if o is not None}
         if owners != set(live) or any(o is None for o in table.owners):
-            moves = registry.rebalance(self.node)
+            moves = self._rebalance()
             if moves:
                 self._count("banker/redis/partitions_moved", len(moves))
                 if self.placement is not None:
                     self.placement.replan()
             table = registry.load_table()
-        owned = {p: table.epochs[p] for p in table.owned_by(self.node)}
-        if owned.keys() != self.owned.keys():
-            logger.info("Node %s owns %d of %d partitions", self.node, len(owned), table.size)
-        self.owned = owned
+        self._apply(table)
         held = {p: sorted(ids) for p, ids in self._held.items() if ids}
         if held:
             self.frontier.renew_many(held)
         if self.placement is not None:
             self._place()
+
+    def _rebalance(self) -> list[Move] | None:
+        """Rebalance for the live nodes, moving partitions nobody is working on first."""
+        census = self.frontier.census(each=True)
+        busy = {p for p, n in enumerate(census.leased) if n}
+        return self.registry.rebalance(self.node, busy=busy, work=census.queued)
+
+    def _apply(self, table: PartitionTable) -> None:
+        """Take a freshly loaded table as the truth about what this node owns."""
+        self.table = table
+        self._table_version = table.version
+        owned = {p: table.epochs[p] for p in table.owned_by(self.node)}
+        old = self.owned
+        if owned.keys() != old.keys():
+            logger.info("Node %s owns %d of %d partitions", self.node, len(owned), table.size)
+        # Newly owned partitions may hold work: pop them next.
+        self._nonempty |= {p for p, e in owned.items() if old.get(p) != e}
+        if owned != old:
+            self.owned = owned
+
+    def _sync(self) -> None:
+        """Reload the table if it changed; note the partitions other workers woke."""
+        version, ready = self.registry.poll(self.node)
+        if version != self._table_version:
+            self._apply(self.registry.load_table())
+        owned = self.owned
+        self._nonempty.update(p for p in ready if p in owned)
 
     def _place(self) -> None:
         assert self.placement is not None
@@ -305,8 +404,47 @@ class FrontierWorker:
             return
         if moves:
             self._count("banker/placement/moves", len(moves))
-            table = self.registry.load_table()
-            self.owned = {p: table.epochs[p] for p in table.owned_by(self.node)}
+            self._apply(self.registry.load_table())
+
+    # -- the end of the crawl, work stealing ---------------------------------------------
+
+    def _idle_census(self, now: float) -> None:
+        """The scheduler has room it cannot fill: is the crawl over, or is there work to take?"""
+        steal = self.steal_enabled and self.hungry and now >= self._next_steal
+        census = self.frontier.census(each=steal)
+        self._count("banker/redis/drain_checks")
+        if census.drained and not self.pending_ops():
+            if self.drained_since is None:
+                self.drained_since = now
+            self._next_census = now + DRAINED_CENSUS_INTERVAL_S
+            return
+        self.drained_since = None
+        self._next_census = now + CENSUS_INTERVAL_S
+        if steal:
+            self._steal(census, now)
+
+    def _steal(self, census: Census, now: float) -> None:
+        limit = self.slots - len(self._held)
+        if limit < 1 or self.table is None:
+            return
+        moves = self.registry.steal(
+            self.node, census.queued, census.leased, slots=self.slots, limit=limit
+        )
+        if moves is None:  # another node is rewriting the table: soon again
+            self._next_steal = now + STEAL_INTERVAL_S
+            return
+        if moves:
+            self._count("banker/redis/steals")
+            self._count("banker/redis/partitions_stolen", len(moves))
+            logger.debug("Took %d waiting partitions from %s", len(moves),
+                         sorted({m.old for m in moves if m.old}))  # fmt: skip
+            self._apply(self.registry.load_table())
+            self._steal_backoff = STEAL_INTERVAL_S
+        else:
+            self._steal_backoff = min(STEAL_BACKOFF_MAX_S, self._steal_backoff * 2)
+        self._next_steal = now + self._steal_backoff
+
+    # -- flushing ---------------------------------------------------------------------
 
     def _flush(self) -> int:
         with self._lock:
@@ -318,32 +456,16 @@ class FrontierWorker:
             return 0
         sent = 0
         try:
-            while sent < len(enqueues):
+            # Big batches of children go first on their own; the last one
+            # travels with the acks, in order, in one round trip.
+            while len(enqueues) - sent > self.enqueue_batch:
                 batch = enqueues[sent : sent + self.enqueue_batch]
-                results = self.frontier.enqueue_many(batch)
+                self._enqueued(batch, self.frontier.flush(batch).enqueued)
                 sent += len(batch)
-                for op, result in zip(batch, results, strict=True):
-                    if result is not None and op.partition in self.owned:
-                        self._nonempty.add(op.partition)
-                added = sum(r is not None for r in results)
-                self._count("banker/redis/enqueued", added)
-                self._count("banker/redis/duplicates", len(results) - added)
-            while dead:
-                token, reason = dead[0]
-                self.frontier.dead_letter(token.partition, token.id, reason)
-                self._forget(token)
-                self._count("banker/redis/dead_lettered")
-                dead.pop(0)
-            if acks:
-                self._count("banker/redis/acked", self.frontier.ack_many(_refs(acks)))
-                for token in acks:
-                    self._forget(token)
-                acks = []
-            if nacks:
-                self._count("banker/redis/nacked", self.frontier.nack_many(_refs(nacks)))
-                for token in nacks:
-                    self._forget(token)
-                nacks = []
+            rest = enqueues[sent:]
+            done = self.frontier.flush(rest, dead, _refs(acks), _refs(nacks))
+            self._enqueued(rest, done.enqueued)
+            sent = len(enqueues)
         except BaseException:
             # Put back what was not confirmed, in front of anything newer, so
             # the order (children before the parent's ack) still holds.  Every
@@ -355,7 +477,45 @@ class FrontierWorker:
                 self._acks[:0] = acks
                 self._nacks[:0] = nacks
             raise
+        self._count("banker/redis/dead_lettered", done.dead_lettered)
+        self._count("banker/redis/acked", done.acked)
+        self._count("banker/redis/nacked", done.nacked)
+        for token, _ in dead:
+            self._forget(token)
+        for token in acks:
+            self._forget(token)
+        for token in nacks:
+            self._forget(token)
+        if done.nacked:
+            self._nonempty.update(t.partition for t in nacks if t.partition in self.owned)
         return 1
+
+    def _enqueued(self, ops: list[EnqueueOp], results: list[str | None]) -> None:
+        """Bookkeeping of an enqueue batch Redis answered."""
+        owned, table = self.owned, self.table
+        wake: dict[str, set[int]] = {}
+        added = 0
+        seen = self.seen
+        cache = self.seen_cache > 0
+        if cache and len(seen) + len(ops) > self.seen_cache:
+            seen.clear()
+        for op, result in zip(ops, results, strict=True):
+            if cache and not op.dont_filter:
+                seen.add(op.fingerprint)  # queued now, or already seen: in the seen set
+            if result is None:
+                continue
+            added += 1
+            p = op.partition
+            if p in owned:
+                self._nonempty.add(p)
+            elif table is not None:
+                owner = table.owners[p]
+                if owner is not None:
+                    wake.setdefault(owner, set()).add(p)
+        self._count("banker/redis/enqueued", added)
+        self._count("banker/redis/duplicates", len(results) - added)
+        if wake:
+            self.registry.notify(wake)
 
     def _forget(self, token: LeaseToken) -> None:
         ids = self._held.get(token.partition)
@@ -364,45 +524,62 @@ class FrontierWorker:
             if not ids:
                 del self._held[token.partition]
 
+    # -- popping ----------------------------------------------------------------------
+
     def _pop(self) -> int:
         owned = self.owned
         now = self.clock()
-        if self._nonempty & owned.keys() and now < self._next_full_scan:
+        held, cap, busy_until = self._held, self.held_cap, self._busy_until
+        if now < self._next_full_scan:
             # Only partitions known to have work: with M >> nodes most owned
             # partitions are empty, and scanning them all each round costs CPU.
-            order = [p for p in owned if p in self._nonempty]
+            order = [p for p in self._nonempty if p in owned]
         else:
             # Every owned partition, those with work first, the rest in a
-            # rotating order: work another node queued there is found too.
-            self._next_full_scan = now + 0.25
+            # rotating order: work queued where nobody told this node is
+            # found too.
+            self._next_full_scan = now + FULL_SCAN_INTERVAL_S
             order = [p for p in owned if p in self._nonempty]
             rest = sorted(p for p in owned if p not in self._nonempty)
             if rest:
                 start = self._cursor % len(rest)
                 order += rest[start:] + rest[:start]
                 self._cursor += 64
+        # A partition this node holds enough of is left alone: its host is
+        # busy here, and what stays queued can go to an idle node.
+        counts: dict[int, int] = {}
+        for p in order:
+            room = cap - len(held.get(p, ()))
+            if room > 0 and busy_until.get(p, 0.0) <= now:
+                counts[p] = min(self.pop_per_partition, room)
+        if not counts:
+            return 0
         got = 0
-        for i in range(0, len(order), 128):
-            chunk = {p: owned[p] for p in order[i : i + 128]}
-            result = self.frontier.pop_many(chunk, self.node, self.pop_per_partition)
+        candidates = list(counts)
+        for i in range(0, len(candidates), 128):
+            chunk = {p: owned[p] for p in candidates[i : i + 128]}
+            result = self.frontier.pop_many(chunk, self.node, self.pop_per_partition, counts=counts)
             for p in result.empty:
                 self._nonempty.discard(p)
+                busy_until.pop(p, None)
             for p in result.busy:
                 self._nonempty.add(p)
+                busy_until[p] = now + BUSY_RETRY_S
             if result.busy:
                 self._count("banker/redis/handover_waits", len(result.busy))
             if result.not_owned:
                 self._count("banker/redis/fenced", len(result.not_owned))
-                self._next_beat = 0.0  # reload the table now
+                self._next_sync = 0.0  # reload the table now
                 self.owned = {p: e for p, e in self.owned.items() if p not in result.not_owned}
             for leased in result.leased:
                 self._nonempty.add(leased.partition)
-                self._held.setdefault(leased.partition, set()).add(leased.id)
+                held.setdefault(leased.partition, set()).add(leased.id)
                 self.inbound.append(leased)
             got += len(result.leased)
             if got >= self.want:
                 break
         if got:
+            self.drained_since = None
             self.want = max(0, self.want - got)
             self._count("banker/redis/popped", got)
             if self.on_ready is not None:

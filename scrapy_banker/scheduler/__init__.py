@@ -108,14 +108,12 @@ class BankerScheduler(BaseScheduler):
         self.spider = spider
         self.downloader.attach(self.crawler)
         connect = self.crawler.signals.connect
-        connect(self._request_reached_downloader, signal=signals.request_reached_downloader)
         connect(self._request_left_downloader, signal=signals.request_left_downloader)
         connect(self._request_dropped, signal=signals.request_dropped)
         return self.store.open(spider)
 
     def close(self, reason: str) -> Deferred[None] | None:
         disconnect = self.crawler.signals.disconnect
-        disconnect(self._request_reached_downloader, signal=signals.request_reached_downloader)
         disconnect(self._request_left_downloader, signal=signals.request_left_downloader)
         disconnect(self._request_dropped, signal=signals.request_dropped)
         now = self.clock()
@@ -191,14 +189,9 @@ class BankerScheduler(BaseScheduler):
         if slot is not None:
             self.queue.slot_freed(slot)
 
-    def _request_reached_downloader(self, request: Request, spider: Spider | None = None) -> None:
-        self.downloader.reached(request)
-
     def _request_left_downloader(self, request: Request, spider: Spider | None = None) -> None:
-        foreign = self.downloader.left(request)
-        if foreign is not None:
-            self.queue.slot_freed(foreign)
-        # Usually released already by the middleware (idempotent).
+        # Ours: its slot has room now (the middleware releases it later, idempotent).
+        # Foreign: marked as ended, so it stops counting while still in slot.active.
         self.release(request, "left_downloader")
         # The downloader wrote the slot it used into meta: if a middleware
         # changed it, that slot has room now too.

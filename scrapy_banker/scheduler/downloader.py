@@ -5,7 +5,7 @@ which hides the downloader from ``DownloaderAwarePriorityQueue``: one place
 knows how Scrapy names a slot and how full it is, so the scheduler and the
 stores never probe the downloader's attributes themselves.
 
-It counts what occupies each slot itself, instead of reading Scrapy's
+It counts what occupies each slot itself instead of trusting Scrapy's
 ``slot.active``, which is wrong in both directions at the moments that
 matter: a request enters it only once it has passed the downloader
 middlewares, a loop tick after ``next_request`` (under the asyncio reactor a
@@ -14,9 +14,10 @@ than ``CONCURRENT_REQUESTS_PER_DOMAIN`` requests on one host), and it leaves
 it only after the response went back through the middlewares, *after*
 ``request_left_downloader`` -- a lane re-checked on that signal would find
 the slot still full and stay parked with nothing left to wake it.  So a slot
-holds the requests this scheduler handed out until they end, plus
-*foreign* requests (``engine.download`` from an extension, a placement
-probe) from ``request_reached_downloader`` to ``request_left_downloader``.
+holds the requests this scheduler handed out until they end; ``slot.active``
+is only read to find *foreign* requests in it (``engine.download`` from an
+extension, a placement probe): those without a ``banker_slot`` meta key.  A
+request that ended keeps the key, set to ``None``, so it no longer counts.
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ class DownloaderView:
         self.scrapy_slots = False
         #: Requests handed to the engine and not ended yet, per slot.
         self.inflight: dict[str, int] = {}
-        #: Requests in the downloader that this scheduler did not hand out, per slot.
-        self.foreign: dict[str, int] = {}
-        self._foreign: dict[Request, str] = {}
 
     def attach(self, crawler: Crawler) -> None:
         """Find the engine's downloader (none in unit tests and tools: nothing to protect)."""
@@ -88,11 +86,12 @@ class DownloaderView:
         if dl is None:
             return True
         used = self.inflight.get(slot_key, 0)
-        if self.foreign:
-            used += self.foreign.get(slot_key, 0)
         slot = dl.slots.get(slot_key)
         if slot is None:
             return used < self._slot_concurrency(slot_key)
+        active = slot.active
+        if len(active) > used:  # perhaps requests this scheduler did not hand out
+            used += sum(1 for r in active if META_SLOT not in r.meta)
         return used < int(slot.concurrency)
 
     def _slot_concurrency(self, slot_key: str) -> int:
@@ -109,8 +108,14 @@ class DownloaderView:
         self.inflight[slot] = self.inflight.get(slot, 0) + 1
 
     def ended(self, request: Request) -> str | None:
-        """A dispatched request ended (any path): the slot that has room again; idempotent."""
-        slot: str | None = request.meta.pop(META_SLOT, None)
+        """A request ended (any path): the slot that has room again; idempotent.
+
+        The meta key stays, set to ``None``: Scrapy keeps the request in
+        ``slot.active`` a while longer, and it must not count as foreign there.
+        """
+        meta = request.meta
+        slot: str | None = meta.get(META_SLOT)
+        meta[META_SLOT] = None
         if slot is None:
             return None
         left = self.inflight.get(slot, 0) - 1
@@ -118,26 +123,6 @@ class DownloaderView:
             self.inflight[slot] = left
         else:
             self.inflight.pop(slot, None)
-        return slot
-
-    def reached(self, request: Request) -> None:
-        """A request entered the downloader; count it if this scheduler did not hand it out."""
-        if META_SLOT not in request.meta:
-            slot = self.slot_key(request)
-            self._foreign[request] = slot
-            self.foreign[slot] = self.foreign.get(slot, 0) + 1
-
-    def left(self, request: Request) -> str | None:
-        """A request left the downloader: the foreign slot it freed, if any."""
-        if not self._foreign:
-            return None
-        slot = self._foreign.pop(request, None)
-        if slot is not None:
-            left = self.foreign[slot] - 1
-            if left > 0:
-                self.foreign[slot] = left
-            else:
-                del self.foreign[slot]
         return slot
 
     # -- the downloader as a whole ---------------------------------------------------
@@ -157,6 +142,4 @@ class DownloaderView:
         # Whatever we still count as in flight ended on a path we did not see
         # (e.g. the engine dropped it).
         self.inflight.clear()
-        self.foreign.clear()
-        self._foreign.clear()
         return True

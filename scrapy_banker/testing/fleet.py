@@ -9,15 +9,20 @@ with ``SIGKILL`` mid-crawl.
 Spec keys: ``settings`` (Scrapy settings), ``seeds`` (URLs the spider's
 ``start()`` yields, deduplicated fleet-wide), ``spider``: ``"farm"`` (a plain
 spider) or ``"redis"`` (a scrapy-redis ``RedisSpider`` that reads its start
-URLs from Redis), ``stats_out`` (path of the stats JSON).
+URLs from Redis), ``stats_out`` (path of the stats JSON).  Besides the
+crawl's stats the JSON holds ``fleet/cpu_s`` (the process's CPU time when the
+spider closed), ``fleet/cpu_main_s`` (the reactor thread's share of it) and
+``fleet/closed_at`` (wall-clock time of the close), for the benchmarks.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         assert crawler.stats is not None
         stats = {k: _jsonable(v) for k, v in crawler.stats.get_stats().items()}
         stats["finish_reason"] = reason
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        stats["fleet/cpu_s"] = round(usage.ru_utime + usage.ru_stime, 3)
+        stats["fleet/cpu_main_s"] = round(time.thread_time(), 3)  # the reactor thread
+        stats["fleet/closed_at"] = time.time()
         out.write_text(json.dumps(stats, indent=1, sort_keys=True), "utf-8")
 
     crawler.signals.connect(dump, signal=signals.spider_closed)

@@ -45,6 +45,7 @@ class DownloaderView:
         # True when the slot key is Scrapy's rule (meta download_slot, else the
         # host name), which we compute without urlparse_cached.
         self.scrapy_slots = False
+        self._total = 0
         #: Requests handed to the engine and not ended yet, per slot.
         self.inflight: dict[str, int] = {}
 
@@ -55,6 +56,7 @@ class DownloaderView:
         except RuntimeError:  # Scrapy >= 2.14 raises when there is no engine yet
             engine = None
         dl = self.downloader = getattr(engine, "downloader", None)
+        self._total = int(getattr(dl, "total_concurrency", 0) or 0)
         self.scrapy_slots = dl is not None and (
             getattr(type(dl), "get_slot_key", None) is Downloader.get_slot_key
             and not getattr(dl, "ip_concurrency", 0)
@@ -92,7 +94,21 @@ class DownloaderView:
         active = slot.active
         if len(active) > used:  # perhaps requests this scheduler did not hand out
             used += sum(1 for r in active if META_SLOT not in r.meta)
-        return used < int(slot.concurrency)
+        concurrency = int(slot.concurrency)
+        if used < concurrency:
+            return True
+        # One request more may wait in the slot's own queue while every
+        # transfer of the slot is verifiably under way: Scrapy's downloader
+        # starts it the moment a transfer ends, without a round trip through
+        # the engine (a few ms per request of the busiest host, which decides
+        # when a crawl ends).  Only with spare downloader capacity: otherwise
+        # the waiting request would hold a place another host could use.
+        return (
+            used == concurrency
+            and 2 * len(dl.active) < self._total
+            and len(slot.transferring) >= concurrency
+            and not slot.queue
+        )
 
     def _slot_concurrency(self, slot_key: str) -> int:
         """Concurrency the downloader will give a slot it has not created yet."""

@@ -70,7 +70,8 @@ Usage::
 
 The last stdout line is a JSON object: ``pages_per_s_banker``,
 ``pages_per_s_scrapy_pq``, ``pages_per_s_dapq``, ``ratio_banker_vs_scrapy_pq``,
-``ratio_banker_vs_dapq``, ``topic_jain_index`` and ``max_topic_wait_s`` (banker
+``ratio_banker_vs_dapq``, ``wall_ratio_banker_vs_dapq`` (its inverse: seconds
+per page, banker / DAPQ), ``topic_jain_index`` and ``max_topic_wait_s`` (banker
 run), ``topic_jain_index_<peer>`` and ``max_topic_wait_s_<peer>``, and
 ``runs`` with the details of each crawl -- among them ``steady_pages_per_s``
 (responses/s over the last 75% of the budget: the early seconds are dominated
@@ -390,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pages_per_s_dapq": num(dapq["pages_per_s"], 2),
         "ratio_banker_vs_scrapy_pq": num(r_spq),
         "ratio_banker_vs_dapq": num(r_dapq),
+        # Seconds per page, banker / DAPQ: the time the same work takes (target <= 0.8).
+        "wall_ratio_banker_vs_dapq": num(1.0 / r_dapq) if r_dapq else None,
         "topic_jain_index": num(banker["topic_jain_index"]),
         "max_topic_wait_s": num(banker["max_topic_wait_s"], 2),
         "topic_jain_index_scrapy_pq": num(spq["topic_jain_index"]),

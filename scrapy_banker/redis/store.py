@@ -393,7 +393,8 @@ class RedisLeaseStore:
             if everything or in_progress is None or request not in in_progress:
                 # Without the engine's view (another Scrapy version) a request
                 # is acked when it ended, i.e. when its slot was released.
-                if not everything and in_progress is None and request.meta.get(META_SLOT) is not None:
+                ended = request.meta.get(META_SLOT) is None
+                if not everything and in_progress is None and not ended:
                     continue
                 self.worker.ack(self._dispatched.pop(request))
 

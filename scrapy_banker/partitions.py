@@ -17,7 +17,7 @@ is what it fences with.  Pure Python, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,11 +85,7 @@ class PartitionTable:
         return out
 
     def rebalance(
-        self,
-        capacities: Mapping[str, float],
-        *,
-        busy: Collection[int] = (),
-        work: Sequence[int] | None = None,
+        self, capacities: Mapping[str, float], *, work: Sequence[int] | None = None
     ) -> list[Move]:
         """Second level: assign partitions to the live ``capacities`` nodes, moving the fewest.
 
@@ -99,13 +95,15 @@ class PartitionTable:
         ``orphans + sum(max(0, owned - target))``, the minimum for these
         targets.
 
-        Which partitions move is chosen so that moving costs nothing now and
-        shares the work out: a node keeps first the partitions in ``busy``
-        (it holds leases there -- moving one would make the new owner wait
-        until they are acked), and the rest of what it keeps and gives up
-        interleaves partitions by ``work`` (requests queued in each), so a
-        newcomer gets its share of the queued work, not only empty
-        partitions.  Every choice is deterministic.
+        Which partitions move is chosen by ``work`` (requests queued or
+        leased in each): what a node keeps and what it gives up interleave
+        its partitions in order of work, and the partitions handed out are
+        dealt like cards, so every node ends up with its share of the work
+        there is now, not only of the partitions.  (Keeping the partitions a
+        node holds leases in would be cheaper -- the new owner of one waits
+        until its requests in flight are acked -- but the first worker of a
+        fleet holds leases in nearly every partition with work, and would
+        keep the whole crawl.)  Every choice is deterministic.
         """
         targets = target_counts(self.size, capacities)
         if not targets:
@@ -129,20 +127,17 @@ class PartitionTable:
             kept[node] = min(target, len(parts))
             if len(parts) <= target:
                 continue
-            leased = [p for p in parts if p in busy]
-            free += leased[target:]
-            room = target - min(target, len(leased))
-            rest = sorted((p for p in parts if p not in busy), key=lambda p: (-weight[p], p))
-            for i, p in enumerate(rest):
-                # Keep ``room`` of ``rest``, spread evenly over its work order.
-                if (i + 1) * room // len(rest) == i * room // len(rest):
+            parts.sort(key=lambda p: (-weight[p], p))
+            for i, p in enumerate(parts):
+                # Keep ``target`` of ``parts``, spread evenly over its work order.
+                if (i + 1) * target // len(parts) == i * target // len(parts):
                     free.append(p)
         need = {node: targets[node] - kept[node] for node in sorted(targets)}
         left = dict(need)
         moves: list[Move] = []
         for p in sorted(free, key=lambda p: (-weight[p], p)):
             # The node furthest from its target gets the next partition, so the
-            # queued work is dealt out like cards rather than in blocks.
+            # work is dealt out like cards rather than in blocks.
             node = max((n for n in left if left[n]), key=lambda n: (left[n] / need[n], n))
             left[node] -= 1
             moves.append(Move(p, self.owners[p], node))
@@ -164,33 +159,41 @@ class PartitionTable:
 
         A node holding leases in at least ``slots`` partitions (a worker's
         ``CONCURRENT_REQUESTS / CONCURRENT_REQUESTS_PER_DOMAIN``: hosts it can
-        fetch at once) is working at its concurrency; its partitions with
-        queued requests and no lease wait until one of those hosts runs dry.
-        The thief takes up to ``limit`` of them, at most half (rounded up) of
-        each such node's waiting partitions so the node still has work to
-        turn to, the most queued first: the longest jobs start first, which
-        shortens the tail.  A partition without leases has nothing in flight
-        anywhere, so its new owner pops it at once (no ``BUSY`` wait) and
-        politeness holds.  Partitions of nodes not in ``capacities`` (not
-        live) are left to :meth:`rebalance`.
+        fetch at once) is working at its concurrency.  It keeps ``slots`` of
+        its leased partitions (the most leased: the likeliest in flight);
+        the rest of its partitions with work wait until one of those hosts
+        runs dry.  The thief takes up to ``limit`` of these, at most half
+        (rounded up) of each such node's waiting partitions so the node
+        still has work to turn to: first those without a lease (nothing in
+        flight anywhere, so the thief pops them at once), the most queued
+        first (the longest jobs start first, which shortens the tail); then
+        leased ones -- a node leases ahead what it buffers, and a partition
+        it merely buffers is handed back within a tenth of a second of the
+        table change, while the ``BUSY`` fence keeps the thief off the host
+        until every old lease is released, so politeness holds either way.
+        Partitions of nodes not in ``capacities`` (not live) are left to
+        :meth:`rebalance`.
         """
         if thief not in capacities or limit < 1:
             return []
-        working: dict[str, int] = {}
-        waiting: dict[str, list[int]] = {}
+        mine: dict[str, list[int]] = {}
         for p, owner in enumerate(self.owners):
             if owner is None or owner == thief or owner not in capacities:
                 continue
-            if leased[p] > 0:
-                working[owner] = working.get(owner, 0) + 1
-            elif queued[p] > 0:
-                waiting.setdefault(owner, []).append(p)
+            if leased[p] > 0 or queued[p] > 0:
+                mine.setdefault(owner, []).append(p)
         moves: list[Move] = []
-        for donor in sorted(waiting, key=lambda n: (-len(waiting[n]), n)):
-            if working.get(donor, 0) < slots:
+        candidates: dict[str, list[int]] = {}
+        for donor, parts in mine.items():
+            working = sorted((p for p in parts if leased[p] > 0), key=lambda p: (-leased[p], p))
+            if len(working) < slots:
                 continue  # it has room for its waiting hosts itself
-            parts = sorted(waiting[donor], key=lambda p: (-queued[p], p))
-            for p in parts[: (len(parts) + 1) // 2]:
+            kept = set(working[:slots])
+            waiting = [p for p in parts if p not in kept and queued[p] > 0]
+            waiting.sort(key=lambda p: (leased[p] > 0, -queued[p], p))
+            candidates[donor] = waiting[: (len(waiting) + 1) // 2]
+        for donor in sorted(candidates, key=lambda n: (-len(candidates[n]), n)):
+            for p in candidates[donor]:
                 if len(moves) >= limit:
                     return moves
                 moves.append(Move(p, donor, thief))

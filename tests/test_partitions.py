@@ -101,25 +101,24 @@ def test_state_round_trip_and_validation() -> None:
         PartitionTable(0)
 
 
-def test_a_rebalance_keeps_the_partitions_with_leases_and_deals_the_work_out() -> None:
+def test_a_rebalance_deals_the_work_out_with_the_partitions() -> None:
     table = PartitionTable(64)
     table.rebalance({"a": 1})
-    work = [p % 5 for p in range(64)]  # requests queued per partition
-    busy = {0, 9, 17, 40, 63}  # partitions a holds leases in: moving them would make b wait
-    moves = table.rebalance({"a": 1, "b": 1}, busy=busy, work=work)
+    # All the work sits in a few partitions (the first worker of a fleet
+    # leased every seed): a newcomer must get its share of those, not of the rest.
+    work = [9 if p % 8 == 0 else 0 for p in range(64)]
+    moves = table.rebalance({"a": 1, "b": 1}, work=work)
     assert len(moves) == 32 and all(m.old == "a" and m.new == "b" for m in moves)
-    assert busy <= set(table.owned_by("a"))
-    share = sum(work[p] for p in table.owned_by("b"))
-    assert abs(share - sum(work) / 2) <= max(work)  # b's half holds half of the queued work
-    assert [p for p in table.owned_by("b") if work[p]]  # not only empty partitions
-
-
-def test_a_rebalance_keeps_leased_partitions_up_to_the_target_only() -> None:
-    table = PartitionTable(8)
+    assert sum(work[p] for p in table.owned_by("b")) == sum(work) // 2
+    moves = table.rebalance({"a": 1, "b": 1, "c": 1, "d": 1}, work=work)
+    assert len(moves) == 32  # still the minimum
+    assert sorted(sum(work[p] for p in table.owned_by(n)) for n in "abcd") == [18] * 4
+    spread = [p % 5 for p in range(64)]
+    table = PartitionTable(64)
     table.rebalance({"a": 1})
-    moves = table.rebalance({"a": 1, "b": 1}, busy=set(range(8)))
-    assert len(moves) == 4  # still balanced: targets win over leases
-    assert table.counts() == {"a": 4, "b": 4}
+    table.rebalance({"a": 1, "b": 1}, work=spread)
+    share = sum(spread[p] for p in table.owned_by("b"))
+    assert abs(share - sum(spread) / 2) <= max(spread)
 
 
 def _table(owners: list[str]) -> PartitionTable:
@@ -144,7 +143,7 @@ def test_steal_takes_waiting_partitions_of_saturated_nodes_only() -> None:
     assert [table.epochs[p] - epochs[p] for p in range(12)] == [0] * 4 + [1, 0, 1] + [0] * 5
 
 
-def test_steal_never_takes_a_partition_with_leases_and_respects_the_limit() -> None:
+def test_steal_takes_unleased_partitions_first_and_respects_the_limit() -> None:
     owners = ["a"] * 6 + ["t"]
     queued = [3, 3, 3, 3, 3, 3, 0]
     leased = [1, 1, 1, 0, 0, 0, 0]
@@ -157,6 +156,23 @@ def test_steal_never_takes_a_partition_with_leases_and_respects_the_limit() -> N
     # A thief that is not live, or partitions of nodes that are not, are left alone.
     assert _table(owners).steal("x", caps, queued, leased, slots=3, limit=9) == []
     assert _table(owners).steal("t", {"t": 1}, queued, leased, slots=3, limit=9) == []
+
+
+def test_steal_takes_leased_partitions_beyond_what_the_node_can_fetch() -> None:
+    # a leased ahead in 6 partitions but fetches 2 hosts at once: it keeps its
+    # two most leased (0, 1); of the 6 others with queued work (5 has none)
+    # half go, those without a lease first, the most queued first.
+    owners = ["a"] * 9 + ["t"]
+    queued = [5, 5, 5, 5, 5, 0, 8, 2, 6, 0]
+    leased = [4, 3, 1, 1, 1, 1, 0, 0, 0, 0]
+    caps = {"a": 1, "t": 1}
+    moves = _table(owners).steal("t", caps, queued, leased, slots=2, limit=9)
+    assert [m.partition for m in moves] == [6, 8, 7]
+    # Only leased partitions wait: they go too (the BUSY fence keeps the
+    # thief off each host until a's leases there are released).
+    owners = ["a"] * 5 + ["t"]
+    moves = _table(owners).steal("t", caps, [5] * 5 + [0], [3, 2, 1, 1, 1, 0], slots=2, limit=9)
+    assert [m.partition for m in moves] == [2, 3]
 
 
 def test_the_version_travels_with_the_state() -> None:

@@ -124,6 +124,75 @@ def test_three_workers_crawl_the_farm_once_politely(
     assert frontier.outstanding() == 0
 
 
+def _wait_timed(farm: WebFarm, workers: list[FleetWorker]) -> tuple[float, dict[str, float]]:
+    """Wait for every worker; when the farm served its last page, and when each exited."""
+    served, last_page = 0, time.monotonic()
+    exits: dict[str, float] = {}
+    deadline = last_page + 180
+    while len(exits) < len(workers):
+        now = time.monotonic()
+        assert now < deadline, "the fleet did not finish"
+        n = _progress(farm)
+        if n != served:
+            served, last_page = n, now
+        for w in workers:
+            if w.name not in exits and w.proc.poll() is not None:
+                exits[w.name] = now
+                assert w.proc.returncode == 0, f"worker {w.name} failed:\n{w.log_tail()}"
+        time.sleep(0.05)
+    return last_page, exits
+
+
+def test_a_fleet_of_plain_spiders_notices_the_end_of_the_crawl_at_once(
+    farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    # The default BANKER_REDIS_IDLE_BEFORE_CLOSE: no quiet period, the drain check is exact.
+    workers = _fleet(farm, redis_server, tmp_path, 3, BANKER_REDIS_IDLE_BEFORE_CLOSE=0.0)
+    last_page, exits = _wait_timed(farm, workers)
+    expected, fetched, duplicates, max_inflight = _outcome(farm)
+    assert fetched == expected and duplicates == 0 and max_inflight <= PER_HOST
+    # Every worker closed within a couple of seconds of the last page: the last
+    # ack, a drain check (0.1 s apart), Scrapy's close and the process exit.
+    assert max(exits.values()) - last_page < 2.5, (last_page, exits)
+    stats = [w.stats() for w in workers]
+    assert all(s["finish_reason"] == "finished" for s in stats)
+    assert sum(s["banker/redis/acked"] for s in stats) == len(expected)
+    assert sum(s.get("banker/redis/drain_checks", 0) for s in stats) >= 3
+    frontier = RedisFrontier(redis_client, prefix="banker:fleet", partitions=PARTITIONS)
+    assert frontier.census().drained
+
+
+def test_an_idle_worker_takes_over_work_waiting_for_a_saturated_one(
+    redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    # Many hosts of equal size: a worker fetching 8 hosts at a time (16
+    # requests, 2 per host) leaves most of its hosts' work waiting.
+    config = FarmConfig(seed=5, hosts=60, total_pages=1500, zipf_s=0.0, latency_ms=40.0)
+    with WebFarm(config) as farm:
+        seeds = farm.start_urls()
+        # The first worker gets every partition but one by its capacity; the
+        # second would sit idle with its one partition if it could not steal.
+        big = FleetWorker(
+            "big", tmp_path, {"settings": _settings(redis_server, "big"), "seeds": seeds}
+        )
+        small = FleetWorker(
+            "small",
+            tmp_path,
+            {"settings": _settings(redis_server, "small", BANKER_REDIS_NODE_CAPACITY=0.01),
+             "seeds": seeds},
+        )  # fmt: skip
+        _wait([big, small])
+        expected, fetched, duplicates, max_inflight = _outcome(farm)
+    assert fetched == expected and duplicates == 0
+    assert max_inflight <= PER_HOST  # taking over a partition never overlaps its host
+    stats = {w.name: w.stats() for w in (big, small)}
+    assert stats["small"].get("banker/redis/steals", 0) >= 1
+    assert stats["small"]["banker/redis/partitions_stolen"] >= 1
+    # It crawled a real share, far beyond its own partition.
+    assert stats["small"]["response_received_count"] > len(expected) // 5
+    assert all(s["finish_reason"] == "finished" for s in stats.values())
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_kill_9_a_worker_loses_nothing(
     farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis, seed: int

@@ -145,24 +145,15 @@ class NodeRegistry:
         pipe.execute()
 
     def rebalance(
-        self,
-        node: str,
-        lock_ttl_ms: int = 10_000,
-        *,
-        busy: set[int] | None = None,
-        work: Sequence[int] | None = None,
+        self, node: str, lock_ttl_ms: int = 10_000, *, work: Sequence[int] | None = None
     ) -> list[Move] | None:
         """Recompute ownership for the live nodes; None if another node is doing it.
 
-        ``busy`` (partitions with leases) and ``work`` (requests queued per
-        partition) choose which partitions move, see
+        ``work`` (requests queued or leased per partition) chooses which
+        partitions move, see
         :meth:`PartitionTable.rebalance <scrapy_banker.partitions.PartitionTable.rebalance>`.
         """
-        moves = self.update(
-            node,
-            lambda table, live: table.rebalance(live, busy=busy or (), work=work),
-            lock_ttl_ms,
-        )
+        moves = self.update(node, lambda table, live: table.rebalance(live, work=work), lock_ttl_ms)
         if moves:
             logger.info("Rebalanced: %d partitions moved", len(moves))
         return moves

@@ -34,7 +34,6 @@ from scrapy_banker.meta import META_LEASE, META_SLOT
 from scrapy_banker.netaware import Prober, link_stats, site_of
 from scrapy_banker.redis.connection import redis_cluster_from_settings, redis_from_settings
 from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
-from scrapy_banker.redis.placement import PlacementAgent
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
 from scrapy_banker.serialize import MalformedPayload, UnserializableRequest
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_banker.frontier import Entry
+    from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.store import SchedulerParts
     from scrapy_banker.settings import RedisConfig
@@ -60,6 +60,10 @@ __all__ = ["PlacementHook", "RedisLeaseStore", "lease_of", "placement_for"]
 #: Meta keys that describe one delivery and must not travel with a new request
 #: (a retry or redirect copies ``meta``).
 TRANSIENT_META = (META_LEASE, META_SLOT)
+#: Dispatched requests are checked for being finished (and acked) at most
+#: this often (s): a lease held 5 ms longer costs nothing, a scan of every
+#: dispatched request on each of the engine's polls costs CPU.
+ACK_SCAN_INTERVAL_S = 0.005
 
 
 def lease_of(request: Request, partitions: int) -> LeaseToken | None:
@@ -101,6 +105,11 @@ def placement_for(
     if pconfig.mode == "hash":
         return None
     assert crawler.stats is not None
+    # Imported here: the planners pull in scipy, which costs a worker start-up
+    # ~0.5 s (more with a fleet starting on few cores) that hash placement
+    # never needs.
+    from scrapy_banker.redis.placement import PlacementAgent
+
     links = link_stats(crawler)
     agent = PlacementAgent(
         client, frontier.keyspace, node, pconfig, links, backlog=frontier.backlog
@@ -183,6 +192,7 @@ class RedisLeaseStore:
         self._ticks = 0
         self._was_idle = False
         self._seen_work = False
+        self._next_ack_scan = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, parts: SchedulerParts) -> Self:
@@ -388,6 +398,10 @@ class RedisLeaseStore:
         """Acknowledge dispatched requests the engine is completely done with."""
         if not self._dispatched:
             return
+        now = time.monotonic()
+        if not everything and now < self._next_ack_scan:
+            return  # scanned a moment ago: the engine calls refill in bursts
+        self._next_ack_scan = now + ACK_SCAN_INTERVAL_S
         in_progress = requests_in_progress(self.crawler)
         for request in list(self._dispatched):
             if everything or in_progress is None or request not in in_progress:

@@ -78,7 +78,7 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (
 )
 
 #: How often (s) a busy worker reads the table's version and its ready set.
-SYNC_INTERVAL_S = 0.05
+SYNC_INTERVAL_S = 0.1
 #: How often (s) every owned partition is popped, whether known to hold work
 #: or not: work queued by a tool, or a wake-up lost with a stale table.
 FULL_SCAN_INTERVAL_S = 2.0
@@ -86,8 +86,10 @@ FULL_SCAN_INTERVAL_S = 2.0
 CENSUS_INTERVAL_S = 0.1
 #: ... and once the crawl was found drained (a RedisSpider waiting for URLs).
 DRAINED_CENSUS_INTERVAL_S = 0.5
-#: While the crawl is not drained, idle sleeps stay this short.
+#: While the crawl is not drained, idle sleeps stay this short ...
 ACTIVE_IDLE_SLEEP_S = 0.1
+#: ... and until it has been drained this long (s).
+DRAINED_BACKOFF_AFTER_S = 10.0
 #: A partition refused as BUSY (a hand-over waiting for the previous owner's
 #: leases) is not asked again for this long.
 BUSY_RETRY_S = 0.05
@@ -129,8 +131,10 @@ class FrontierWorker:
         self.reap_interval_s = reap_interval_s
         self.pop_per_partition = pop_per_partition
         #: Requests of one partition this node holds (buffered or in flight)
-        #: beyond which it does not pop that partition.
-        self.held_cap = 2 * pop_per_partition
+        #: beyond which it does not pop that partition: its host's per-domain
+        #: slots and a request or two ready behind them.  More would only
+        #: lease work this node cannot start, which an idle node could.
+        self.held_cap = pop_per_partition
         self.idle_backoff_max_s = idle_backoff_max_s
         self.error_backoff_max_s = error_backoff_max_s
         self.enqueue_batch = enqueue_batch
@@ -201,29 +205,36 @@ class FrontierWorker:
         with self._lock:
             self._enqueues.append(op)
         self.drained_since = None
-        self._wake.set()
+        self._kick()
 
     def ack(self, token: LeaseToken) -> None:
         """The request is done, callback output included (its children are enqueued first)."""
         with self._lock:
             self._acks.append(token)
-        self._wake.set()
+        self._kick()
 
     def nack(self, token: LeaseToken) -> None:
         """Give the request back unprocessed (a clean stop, a partition this node lost)."""
         with self._lock:
             self._nacks.append(token)
-        self._wake.set()
+        self._kick()
 
     def dead_letter(self, token: LeaseToken, reason: str) -> None:
         with self._lock:
             self._dead.append((token, reason))
-        self._wake.set()
+        self._kick()
 
     def request(self, want: int) -> None:
         """The scheduler's buffer could take ``want`` more requests."""
         self.want = max(0, want)
         if want > 0:
+            self._kick()
+
+    def _kick(self) -> None:
+        # Event.set takes a lock and notifies even when the event is set
+        # already; a callback queues several ops in a row, and this runs on
+        # the reactor thread.
+        if not self._wake.is_set():
             self._wake.set()
 
     def pending_ops(self) -> int:
@@ -293,9 +304,13 @@ class FrontierWorker:
                 self._idle_sleep = 0.0
                 continue
             # Short sleeps while the crawl goes on (work may reach this node's
-            # partitions, or wait to be stolen); long ones once it is over.
+            # partitions, or wait to be stolen) and for a while after it
+            # looked over -- the start of a crawl looks the same, until one
+            # worker reads the seeds and queues them in everyone's
+            # partitions; long ones once it has been over for a while.
             cap = self.idle_backoff_max_s
-            if self.drained_since is None:
+            since = self.drained_since
+            if since is None or self.clock() - since < DRAINED_BACKOFF_AFTER_S:
                 cap = min(cap, ACTIVE_IDLE_SLEEP_S)
             self._idle_sleep = min(cap, max(0.02, self._idle_sleep * 2 or 0.02))
             self._count("banker/redis/idle_waits")
@@ -349,7 +364,9 @@ class FrontierWorker:
         if self.node not in live:  # timed out (e.g. a long Redis outage): join again
             registry.register(self.node, self.capacity)
             live = registry.live_nodes()
-        table = registry.load_table()
+        table = self.table
+        if table is None or self._stale(registry.table_version()):
+            table = registry.load_table()
         owners = {o for o in table.owners if o is not None}
         if owners != set(live) or any(o is None for o in table.owners):
             moves = self._rebalance()
@@ -366,10 +383,10 @@ class FrontierWorker:
             self._place()
 
     def _rebalance(self) -> list[Move] | None:
-        """Rebalance for the live nodes, moving partitions nobody is working on first."""
+        """Rebalance for the live nodes, dealing out the work there is now evenly."""
         census = self.frontier.census(each=True)
-        busy = {p for p, n in enumerate(census.leased) if n}
-        return self.registry.rebalance(self.node, busy=busy, work=census.queued)
+        work = [q + n for q, n in zip(census.queued, census.leased, strict=True)]
+        return self.registry.rebalance(self.node, work=work)
 
     def _apply(self, table: PartitionTable) -> None:
         """Take a freshly loaded table as the truth about what this node owns."""
@@ -384,10 +401,15 @@ class FrontierWorker:
         if owned != old:
             self.owned = owned
 
+    def _stale(self, version: int) -> bool:
+        """Is the stored table newer than ours?  (0: no table, or one without a
+        version, written by an older scrapy-banker: reload it to be sure.)"""
+        return version == 0 or version != self._table_version
+
     def _sync(self) -> None:
         """Reload the table if it changed; note the partitions other workers woke."""
         version, ready = self.registry.poll(self.node)
-        if version != self._table_version:
+        if self._stale(version):
             self._apply(self.registry.load_table())
         owned = self.owned
         self._nonempty.update(p for p in ready if p in owned)
@@ -530,7 +552,8 @@ class FrontierWorker:
         owned = self.owned
         now = self.clock()
         held, cap, busy_until = self._held, self.held_cap, self._busy_until
-        if now < self._next_full_scan:
+        full_scan = now >= self._next_full_scan
+        if not full_scan:
             # Only partitions known to have work: with M >> nodes most owned
             # partitions are empty, and scanning them all each round costs CPU.
             order = [p for p in self._nonempty if p in owned]
@@ -545,13 +568,20 @@ class FrontierWorker:
                 start = self._cursor % len(rest)
                 order += rest[start:] + rest[:start]
                 self._cursor += 64
-        # A partition this node holds enough of is left alone: its host is
-        # busy here, and what stays queued can go to an idle node.
+        # Ask for about what the scheduler wants, not a few requests of every
+        # partition with work: a lease is work no other node can take.
+        # Partitions this node already works on come first (their hosts are
+        # busy here anyway); one it holds enough of is left alone.
+        order.sort(key=lambda p: p not in held)
         counts: dict[int, int] = {}
+        total = 0
         for p in order:
             room = cap - len(held.get(p, ()))
             if room > 0 and busy_until.get(p, 0.0) <= now:
-                counts[p] = min(self.pop_per_partition, room)
+                counts[p] = n = min(self.pop_per_partition, room)
+                total += n
+                if total >= self.want and not full_scan:
+                    break
         if not counts:
             return 0
         got = 0

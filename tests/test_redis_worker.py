@@ -1,0 +1,176 @@
+"""The worker thread's fleet logic, step by step against a real redis-server (no thread).
+
+Each test drives :class:`FrontierWorker` methods the way its loop does --
+``_heartbeat``, ``_flush``, ``_sync``, ``_pop``, ``_idle_census`` -- for two
+or three workers sharing one Redis, and asserts on what Redis and the workers
+hold afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
+from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.worker import FrontierWorker
+
+PARTITIONS = 16
+
+
+def _worker(client: redis.Redis, node: str, **kwargs: Any) -> FrontierWorker:
+    frontier = RedisFrontier(client, prefix="w", partitions=PARTITIONS, lease_ttl_ms=60_000)
+    registry = NodeRegistry(client, frontier)
+    worker = FrontierWorker(frontier, registry, node, **kwargs)
+    worker._heartbeat()
+    return worker
+
+
+def _pop_all(worker: FrontierWorker, want: int = 100) -> list[str]:
+    worker.request(want)
+    worker._pop()
+    payloads = [leased.payload for leased in worker.inbound]
+    worker.inbound.clear()
+    return payloads
+
+
+def test_a_worker_wakes_the_owner_of_the_partition_it_queued_work_in(
+    redis_client: redis.Redis,
+) -> None:
+    a = _worker(redis_client, "a")
+    b = _worker(redis_client, "b")  # b joins: half the partitions move to it
+    a._sync()
+    assert a.owned and b.owned and not a.owned.keys() & b.owned.keys()
+    p = min(b.owned)
+    # b has popped everything it knew of; its next full scan is far away.
+    _pop_all(b)
+    b._next_full_scan = float("inf")
+    assert _pop_all(b) == []
+    a.enqueue(EnqueueOp(p, "fp", "for-b"))
+    a._flush()
+    assert b._pop() == 0  # not known yet: b does not scan
+    b._sync()  # reads its ready set
+    assert _pop_all(b) == ["for-b"]
+    assert redis_client.scard(b.frontier.keyspace.ready("b")) == 0  # emptied as read
+
+
+def test_a_table_change_reaches_every_worker_at_its_next_sync(redis_client: redis.Redis) -> None:
+    a = _worker(redis_client, "a")
+    assert len(a.owned) == PARTITIONS
+    version = a.registry.table_version()
+    assert version == a._table_version >= 1
+    b = _worker(redis_client, "b")
+    assert a.registry.table_version() == version + 1
+    owned_before = a.owned
+    a._sync()
+    assert a.owned is not owned_before  # replaced whole: the scheduler notices a loss
+    assert len(a.owned) == len(b.owned) == PARTITIONS // 2
+    a._sync()  # nothing changed: nothing reloaded
+    assert a._table_version == version + 1
+
+
+def test_a_partition_held_up_to_the_cap_is_not_popped(redis_client: redis.Redis) -> None:
+    worker = _worker(redis_client, "a", pop_per_partition=3)
+    assert worker.held_cap == 3
+    for i in range(10):
+        worker.enqueue(EnqueueOp(5, f"fp{i}", f"p{i}"))
+    worker._flush()
+    assert len(_pop_all(worker)) == 3
+    assert _pop_all(worker) == []  # 3 held (buffered or in flight): the cap
+    assert worker.frontier.queued(5) == 7  # left queued, where an idle node may take them
+    worker.ack(LeaseToken(5, min(worker._held[5]), 1))
+    worker._flush()
+    assert len(_pop_all(worker)) == 1  # room for one more
+
+
+def test_confirmed_fingerprints_are_remembered_up_to_the_cache_size(
+    redis_client: redis.Redis,
+) -> None:
+    worker = _worker(redis_client, "a", seen_cache=3)
+    worker.enqueue(EnqueueOp(1, "fp1", "x"))
+    worker.enqueue(EnqueueOp(2, "fp2", "x", dont_filter=True))  # never recorded as seen
+    worker._flush()
+    assert worker.seen == {"fp1"}
+    worker.enqueue(EnqueueOp(1, "fp1", "again"))  # a duplicate Redis refuses: known too
+    worker.enqueue(EnqueueOp(3, "fp3", "x"))
+    worker._flush()
+    assert worker.seen == {"fp1", "fp3"}
+    worker.enqueue(EnqueueOp(4, "fp4", "x"))
+    worker.enqueue(EnqueueOp(4, "fp5", "x"))
+    worker._flush()
+    assert worker.seen == {"fp4", "fp5"}  # full: started over
+    off = _worker(redis_client, "b", seen_cache=0)
+    off.enqueue(EnqueueOp(1, "fp9", "x"))
+    off._flush()
+    assert off.seen == set()
+
+
+def test_an_idle_worker_knows_when_the_whole_crawl_is_drained(redis_client: redis.Redis) -> None:
+    a = _worker(redis_client, "a")
+    b = _worker(redis_client, "b")
+    a._sync()
+    a.local_idle = b.local_idle = True
+    a._idle_census(0.0)
+    assert a.drained_since == 0.0  # nothing queued, nothing leased
+    p = min(b.owned)
+    b.enqueue(EnqueueOp(p, "fp", "x"))
+    assert b.drained_since is None
+    b._flush()
+    a._idle_census(1.0)
+    assert a.drained_since is None  # b's partition holds work
+    b._sync()
+    (leased,) = b.frontier.pop_many(b.owned, "b").leased
+    a._idle_census(2.0)
+    assert a.drained_since is None  # leased: not done until acked
+    b.ack(leased.token)
+    b._flush()
+    a._idle_census(3.0)
+    assert a.drained_since == 3.0
+    a.enqueue(EnqueueOp(p, "fp2", "y"))  # this worker's own unsent op
+    a._idle_census(4.0)
+    assert a.drained_since is None
+
+
+@pytest.mark.parametrize("saturated", [True, False])
+def test_a_hungry_worker_steals_waiting_partitions_from_a_saturated_one(
+    redis_client: redis.Redis, saturated: bool
+) -> None:
+    slots = 2
+    a = _worker(redis_client, "a", slots=slots, pop_per_partition=1)
+    b = _worker(redis_client, "b", slots=slots)
+    a._sync()
+    mine = sorted(a.owned)
+    # a works on two hosts (a lease each) or on one; four more partitions wait.
+    working = mine[:slots] if saturated else mine[:1]
+    waiting = mine[slots : slots + 4]
+    for p in working:
+        a.enqueue(EnqueueOp(p, f"w{p}", "busy", priority=1))
+        a.enqueue(EnqueueOp(p, f"w{p}-2", "busy"))
+    for i, p in enumerate(waiting):
+        for j in range(i + 1):
+            a.enqueue(EnqueueOp(p, f"q{p}-{j}", "waiting"))
+    a._flush()
+    a._next_full_scan = float("inf")
+    a._nonempty = set(working)
+    assert len(_pop_all(a, want=len(working))) == len(working)
+    b.hungry = True
+    b._idle_census(0.0)
+    stats = b.take_counters()
+    if not saturated:
+        # a can start its waiting hosts itself: nothing to take.
+        assert stats.get("banker/redis/steals", 0) == 0
+        return
+    assert stats["banker/redis/steals"] == 1
+    assert stats["banker/redis/partitions_stolen"] == 2  # half of a's four, rounded up
+    stolen = set(b.owned) - {p for p in b.owned if p not in waiting}
+    assert stolen == set(waiting[2:])  # the most queued first
+    # No lease was out: b pops them at once, no BUSY wait.
+    assert sorted(_pop_all(b)) == ["waiting"] * (3 + 4)
+    assert b.take_counters().get("banker/redis/handover_waits", 0) == 0
+    # a learns at its next sync, and its pops of the stolen partitions stop.
+    a._sync()
+    assert not set(waiting[2:]) & set(a.owned)
+    b._idle_census(0.1)  # backing off: no second attempt at once
+    assert "banker/redis/steals" not in b.take_counters()

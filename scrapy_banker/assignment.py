@@ -32,10 +32,10 @@ from __future__ import annotations
 import math
 import operator
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import linear_sum_assignment
 
 __all__ = [
     "FloatArray",
@@ -437,11 +437,25 @@ def hungarian_reference(cost: npt.ArrayLike) -> tuple[IntArray, IntArray]:
     return rows, match_row[rows].astype(np.int64)
 
 
+def _scipy_lsa() -> Callable[[FloatArray], tuple[IntArray, IntArray]]:
+    """scipy's solver, imported on first use.
+
+    ``scipy.optimize`` costs ~0.45 s of CPU to import; every worker imports
+    this module (the placement strategies name the allowed
+    ``BANKER_PLACEMENT`` modes), but only a placement plan solves anything.
+    Four workers starting together on two cores lost ~1 s before their
+    first request to that import.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    return linear_sum_assignment  # type: ignore[no-any-return]
+
+
 def solve(cost: npt.ArrayLike) -> tuple[IntArray, IntArray]:
     """Production solver: scipy's ``linear_sum_assignment`` (a shortest augmenting path
     Hungarian variant, in C), with this module's input checks and int64 output."""
     matrix = _matrix(cost)
-    rows, cols = linear_sum_assignment(matrix)
+    rows, cols = _scipy_lsa()(matrix)
     return rows.astype(np.int64), cols.astype(np.int64)
 
 
@@ -528,7 +542,7 @@ def _place(
         columns = np.repeat(node_ids, slots)
         factor = (load + 1.0) ** load_weight if load_weight else np.ones(n_nodes)
         sub = cost[chunk][:, columns] * factor[columns]
-        rows, cols = linear_sum_assignment(sub)
+        rows, cols = _scipy_lsa()(sub)
         chosen = columns[cols]
         owners[chunk[rows]] = chosen
         taken = np.bincount(chosen, minlength=n_nodes)

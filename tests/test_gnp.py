@@ -171,3 +171,92 @@ def test_gnp_accuracy_benchmark_runs(tmp_path: Path) -> None:
     assert 0 <= result["median_rel_err"] < 0.1
     assert result["median_rel_err"] <= result["p90_rel_err"]
     assert result["fit_seconds"] > 0
+
+
+def _noisy_landmarks(n: int, dims: int, seed: int) -> np.ndarray:
+    """Mutual RTTs of ``n`` hosts that no Euclidean space fits exactly."""
+    m = euclidean_world(n, dims, seed=seed)
+    noisy = m * np.random.default_rng(seed).lognormal(0, 0.2, size=m.shape)
+    noisy = (noisy + noisy.T) / 2
+    np.fill_diagonal(noisy, 0)
+    return noisy
+
+
+def test_pair_hessian_matches_finite_differences_of_the_gradient() -> None:
+    n, dims = 6, 3
+    m = _noisy_landmarks(n, dims, seed=11)
+    i, j = (a.astype(np.int64) for a in np.triu_indices(n, k=1))
+    d = m[i, j]
+    x = np.random.default_rng(0).uniform(-100, 100, size=n * dims)
+    h = gnp._pair_hessian(x, n, dims, i, j, d)
+    assert h.shape == (n * dims, n * dims)
+    np.testing.assert_allclose(h, h.T, rtol=0, atol=1e-15)
+    step = 1e-5
+    numeric = np.empty_like(h)
+    for k in range(n * dims):
+        e = np.zeros_like(x)
+        e[k] = step
+        plus = gnp._pair_objective(x + e, n, dims, i, j, d)[1]
+        minus = gnp._pair_objective(x - e, n, dims, i, j, d)[1]
+        numeric[:, k] = (plus - minus) / (2 * step)
+    np.testing.assert_allclose(h, numeric, rtol=1e-5, atol=1e-7 * np.abs(h).max())
+
+
+def test_host_hessian_matches_finite_differences_of_the_gradient() -> None:
+    m = _noisy_landmarks(9, 3, seed=4)
+    refs = np.random.default_rng(1).uniform(-100, 100, size=(5, 3))
+    d = m[5:, :5].copy()
+    d[0, 2] = np.nan  # an unmeasured pair contributes nothing
+    mask = np.isfinite(d)
+    x = np.random.default_rng(2).uniform(-100, 100, size=(4, 3))
+    _, g, h = gnp._host_terms(x, refs, d, mask)
+    step = 1e-5
+    for k in range(3):
+        e = np.zeros_like(x)
+        e[:, k] = step
+        numeric = (
+            gnp._host_terms(x + e, refs, d, mask)[1] - gnp._host_terms(x - e, refs, d, mask)[1]
+        )
+        np.testing.assert_allclose(h[:, :, k], numeric / (2 * step), rtol=1e-5, atol=1e-9)
+        cost = gnp._host_terms(x + e, refs, d, mask)[0] - gnp._host_terms(x - e, refs, d, mask)[0]
+        np.testing.assert_allclose(g[:, k], cost / (2 * step), rtol=1e-5, atol=1e-9)
+
+
+def test_landmark_fit_reaches_the_same_minimum_for_a_relabelled_input() -> None:
+    # The fit runs Newton to convergence, so the predicted distances are a
+    # property of the measurements, not of the landmarks' order (nor of the
+    # last bits of the arithmetic, which a permutation reshuffles).
+    n, dims = 12, 3
+    m = _noisy_landmarks(n, dims, seed=5)
+    perm = np.random.default_rng(1).permutation(n)
+    a = gnp.fit_landmarks(m, dims, restarts=1, seed=0)
+    b = gnp.fit_landmarks(m[np.ix_(perm, perm)], dims, restarts=1, seed=0)
+    np.testing.assert_allclose(
+        gnp.distances(b.coords), gnp.distances(a.coords)[np.ix_(perm, perm)], rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(b.error, a.error[perm], rtol=1e-6, atol=1e-9)
+    # The frame is fixed too (principal axes, signs set): the same coordinates.
+    np.testing.assert_allclose(b.coords, a.coords[perm], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(a.coords.mean(axis=0), 0.0, atol=1e-9)
+    gram = a.coords.T @ a.coords
+    np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0.0, atol=1e-6)
+
+
+def test_hosts_are_placed_at_a_minimum_against_a_canonical_frame() -> None:
+    # embed runs every host until its gradient vanishes (not until a step
+    # rule stops it), and the landmark frame is a function of the distances
+    # alone: a rotated and shifted copy maps back onto the same coordinates,
+    # so start points -- hence results -- do not depend on rounding.
+    n, dims = 10, 3
+    m = _noisy_landmarks(n + 30, dims, seed=8)
+    lm = np.arange(n)
+    fit = gnp.fit_landmarks(m[np.ix_(lm, lm)], dims, restarts=2, seed=0)
+    d = m[n:, :n]
+    a = gnp.embed(d, fit.coords, restarts=1, seed=3)
+    assert np.isfinite(a.coords).all()
+    _, g, _ = gnp._host_terms(a.coords, fit.coords, d, np.isfinite(d))
+    assert np.sqrt((g * g).sum(axis=1)).max() <= 1e-8
+    # Same references after a round trip through another frame: canonical again.
+    q, _ = np.linalg.qr(np.random.default_rng(2).normal(size=(dims, dims)))
+    back = gnp._canonical_frame(fit.coords @ q + 50.0)
+    np.testing.assert_allclose(back, fit.coords, atol=1e-9)

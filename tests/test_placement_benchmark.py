@@ -61,8 +61,22 @@ def test_placement_tiny_reports_every_key_and_loses_nothing() -> None:
     for key in ("top1_vs_random", "top3_vs_random", "hungarian_vs_random",
                 "hungarian_rtt_vs_random", "hungarian_vs_oracle", "hungarian_rtt_vs_oracle",
                 "top3_vs_oracle", "oracle_top1_vs_random", "top3_vs_oracle_top1",
-                "top3_random_vs_random", "top3_vs_top3_random", "targets_met"):  # fmt: skip
+                "top3_random_vs_random", "top3_vs_top3_random", "targets_met",
+                "top3_vs_random_paired", "top3_vs_random_paired_median",
+                "paired_vs_random", "join_orders"):  # fmt: skip
         assert key in result, key
+    # One join order per repetition, shared by every strategy of it; each
+    # strategy is paired with the random run of its own repetition.
+    nodes = [f"n{i}" for i in range(result["workers"])]
+    assert len(result["join_orders"]) == result["repeats"]
+    for order in result["join_orders"]:
+        assert sorted(order) == nodes
+    assert set(result["paired_vs_random"]) == {"oracle"}
+    (ratio,) = result["paired_vs_random"]["oracle"]
+    assert ratio == pytest.approx(
+        result["runs"]["oracle"]["pages_per_s"] / result["runs"]["random"]["pages_per_s"],
+        rel=1e-3,
+    )
     for s in RUN:
         assert _positive(result[f"pages_per_s_{s}"]), (s, result[f"pages_per_s_{s}"])
         assert _positive(result[f"mean_rtt_ms_{s}"]), (s, result[f"mean_rtt_ms_{s}"])
@@ -71,9 +85,13 @@ def test_placement_tiny_reports_every_key_and_loses_nothing() -> None:
         run = result["runs"][s]
         assert run["exit_codes"] == [0] * result["workers"], s
         assert run["pages"] >= run["expected"] > 0, s
+        assert run["join_order"] == result["join_orders"][0], s
+        assert all(isinstance(t, float) and t >= 0 for t in run["joined_s"]), s
     # Strategies not run are reported as null, never as a made-up figure.
     assert result["pages_per_s_top3"] is None
     assert result["targets_met"] is None
+    assert result["top3_vs_random_paired"] is None
+    assert result["top3_vs_random_paired_median"] is None
     assert result["partitions_moved_random"] == 0
     moved = result["partitions_moved_oracle"]
     assert moved is None or (isinstance(moved, int) and moved >= 0)

@@ -582,10 +582,10 @@ def select_landmarks(
       80 held-out hosts (and a host placement that stopped short of each
       host's minimum), the PlanetLab p90 over selection seeds ranged
       0.27-0.32.  With 240 held-out hosts, 32 sets and 120 swaps, seeds 0-4
-      gave median 0.067-0.076 and p90 0.263-0.276, for 12-15 s on 490 nodes
-      on a 2-core machine (``benchmarks/gnp_accuracy.py``); the same
-      landmarks for any BLAS thread count or kernel, and for the matrix
-      perturbed in its 15th digit.
+      gave median 0.067-0.076 and p90 0.261-0.276, for 12-15 s on 490 nodes
+      on a 2-core machine (``benchmarks/gnp_accuracy.py``); seed 0 chose
+      the same landmarks for any BLAS thread count or kernel, and for the
+      matrix perturbed in its 15th digit.
     * ``"medoids"``: k-medoids on network distance, the paper's "ideal
       scheme" (cluster centres).  On PlanetLab it concentrates landmarks
       where most nodes are and predicts worse than random at the tail.

@@ -243,14 +243,27 @@ def _pair_hessian(
     return np.asarray(h.transpose(0, 2, 1, 3).reshape(n * dims, n * dims), dtype=np.float64)
 
 
-def _cross_terms(
+def _residuals(
     x: FloatArray, y: FloatArray, d: FloatArray, mask: npt.NDArray[np.bool_]
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Per-pair residuals and gradient factors for points ``x`` against ``y``."""
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """``(diff, dhat, dd, r)`` for every point of ``x`` against every point of ``y``.
+
+    ``r`` is the relative error of each measured pair (0 where not
+    measured) and ``dd`` the measurement with 1.0 in the gaps, so callers
+    can divide by it without masking again.
+    """
     diff = x[:, None, :] - y[None, :, :]
     dhat = np.sqrt(np.einsum("ijk,ijk->ij", diff, diff)) + 1e-12
     dd = np.where(mask, d, 1.0)
     r = np.where(mask, (dhat - dd) / dd, 0.0)
+    return diff, dhat, dd, r
+
+
+def _cross_terms(
+    x: FloatArray, y: FloatArray, d: FloatArray, mask: npt.NDArray[np.bool_]
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per-pair residuals and gradient factors for points ``x`` against ``y``."""
+    diff, dhat, dd, r = _residuals(x, y, d, mask)
     factor = 2.0 * r / dd / dhat
     return r, factor, diff
 
@@ -378,10 +391,7 @@ def _host_terms(
     x: FloatArray, refs: FloatArray, d: FloatArray, mask: npt.NDArray[np.bool_]
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Per host: objective, gradient and exact Hessian of its relative error to ``refs``."""
-    diff = x[:, None, :] - refs[None, :, :]
-    dhat = np.sqrt(np.einsum("hlk,hlk->hl", diff, diff)) + 1e-12
-    dd = np.where(mask, d, 1.0)
-    r = np.where(mask, (dhat - dd) / dd, 0.0)
+    diff, dhat, dd, r = _residuals(x, refs, d, mask)
     u = diff / dhat[:, :, None]
     cost = np.einsum("hl,hl->h", r, r)
     grad = np.einsum("hl,hlk->hk", 2.0 * r / dd, u)

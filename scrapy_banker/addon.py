@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 
-from scrapy_banker.settings import load_config
+from scrapy_banker.settings import load_config, load_ops_config
 
 if TYPE_CHECKING:
     from scrapy.settings import Settings
@@ -44,6 +44,7 @@ class Addon:
         # Fail fast on a bad BANKER_* value; the crawler (and its per-crawler
         # configs) does not exist yet, so parse the settings directly.
         config = load_config(settings)
+        load_ops_config(settings)
         if not config.enabled:
             # Bare: Scrapy logs a NotConfigured message as a warning, and being
             # switched off is no reason to warn.

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULTS",
     "SETTINGS",
     "BankerConfig",
+    "OpsConfig",
     "PlacementConfig",
     "RedisConfig",
     "Setting",
@@ -44,8 +45,10 @@ __all__ = [
     "TopicRule",
     "core_config",
     "load_config",
+    "load_ops_config",
     "load_placement_config",
     "load_redis_config",
+    "ops_config",
     "placement_config",
     "redis_config",
 ]
@@ -69,7 +72,9 @@ class CrawlerLike(Protocol):
 
 
 #: Section of ``docs/settings.rst`` a setting is documented in (a test checks it).
-Group = Literal["general", "topics", "queue", "admission", "redis", "placement", "testing"]
+Group = Literal[
+    "general", "topics", "queue", "admission", "redis", "placement", "operations", "testing"
+]
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,34 @@ def topic_name(name: str, value: Any, ctx: Context) -> str:
 def _optional_path(name: str, value: Any, ctx: Context) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise _bad(name, value, "expected a file path string or None")
+    return value
+
+
+def _optional_port(name: str, value: Any, ctx: Context) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise _bad(name, value, "expected a TCP port 0-65535 (0: any free port) or None (off)")
+    return value
+
+
+def _bind_address(name: str, value: Any, ctx: Context) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value)
+    except (TypeError, ValueError):
+        raise _bad(name, value, "expected an IP address such as '127.0.0.1' or '0.0.0.0'") from None
+    return str(value)
+
+
+def _optional_token(name: str, value: Any, ctx: Context) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) < 16 or not value.isprintable():
+        raise _bad(
+            name, value, "expected None (no actions) or a printable string of 16+ characters"
+        )
     return value
 
 
@@ -569,9 +602,39 @@ class PlacementConfig:
         """No rule between these settings."""
 
 
+@dataclass(frozen=True)
+class OpsConfig:
+    """The operator's view: metrics, progress, the time-series record, the dashboard."""
+
+    metrics_port: int | None = setting(
+        "BANKER_METRICS_PORT", None, _optional_port, group="operations"
+    )
+    metrics_bind: str = setting(
+        "BANKER_METRICS_BIND", "127.0.0.1", _bind_address, group="operations"
+    )
+    metrics_top_slots: int = setting(
+        "BANKER_METRICS_TOP_SLOTS", 20, int_at_least(0), group="operations"
+    )
+    progress: bool = setting("BANKER_PROGRESS", False, boolean, group="operations")
+    timeseries_file: str | None = setting(
+        "BANKER_TIMESERIES_FILE", None, _optional_path, group="operations"
+    )
+    timeseries_interval: float = setting(
+        "BANKER_TIMESERIES_INTERVAL", 1.0, positive_float, group="operations"
+    )
+    dashboard_token: str | None = setting(
+        "BANKER_DASHBOARD_TOKEN", None, _optional_token, group="operations"
+    )
+
+    def _check(self) -> None:
+        """No rule between these settings."""
+
+
 # -- derived from the table --------------------------------------------------------------
 
-_SECTIONS: tuple[type[DataclassInstance], ...] = (BankerConfig, RedisConfig, PlacementConfig)
+_SECTIONS: tuple[type[DataclassInstance], ...] = (
+    BankerConfig, RedisConfig, PlacementConfig, OpsConfig
+)
 
 #: Every setting by name, in declaration order.
 SETTINGS: dict[str, Setting] = {
@@ -584,7 +647,7 @@ SETTINGS: dict[str, Setting] = {
 DEFAULTS: dict[str, Any] = {name: spec.default for name, spec in SETTINGS.items()}
 
 
-_S = TypeVar("_S", BankerConfig, RedisConfig, PlacementConfig)
+_S = TypeVar("_S", BankerConfig, RedisConfig, PlacementConfig, OpsConfig)
 
 
 def _load(section: type[_S], ctx: Context) -> _S:
@@ -613,6 +676,11 @@ def load_placement_config(settings: SettingsLike) -> PlacementConfig:
     return _load(PlacementConfig, Context(settings))
 
 
+def load_ops_config(settings: SettingsLike) -> OpsConfig:
+    """Validate the operator's settings (metrics, progress, time series, dashboard)."""
+    return _load(OpsConfig, Context(settings))
+
+
 # -- once per crawler --------------------------------------------------------------------
 # Scrapy's Settings is not hashable, the crawler is; weak keys let a finished
 # crawler (and its configs) be collected.  Components are built after the
@@ -621,6 +689,7 @@ def load_placement_config(settings: SettingsLike) -> PlacementConfig:
 _CORE: weakref.WeakKeyDictionary[CrawlerLike, BankerConfig] = weakref.WeakKeyDictionary()
 _REDIS: weakref.WeakKeyDictionary[CrawlerLike, RedisConfig] = weakref.WeakKeyDictionary()
 _PLACEMENT: weakref.WeakKeyDictionary[CrawlerLike, PlacementConfig] = weakref.WeakKeyDictionary()
+_OPS: weakref.WeakKeyDictionary[CrawlerLike, OpsConfig] = weakref.WeakKeyDictionary()
 
 
 def _once(
@@ -646,3 +715,8 @@ def redis_config(crawler: CrawlerLike) -> RedisConfig:
 def placement_config(crawler: CrawlerLike) -> PlacementConfig:
     """The crawler's :class:`PlacementConfig`, parsed on first use."""
     return _once(_PLACEMENT, crawler, lambda: load_placement_config(crawler.settings))
+
+
+def ops_config(crawler: CrawlerLike) -> OpsConfig:
+    """The crawler's :class:`OpsConfig`, parsed on first use."""
+    return _once(_OPS, crawler, lambda: load_ops_config(crawler.settings))

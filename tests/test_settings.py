@@ -14,12 +14,15 @@ from scrapy_banker.settings import (
     DEFAULTS,
     SETTINGS,
     BankerConfig,
+    OpsConfig,
     PlacementConfig,
     RedisConfig,
     core_config,
     load_config,
+    load_ops_config,
     load_placement_config,
     load_redis_config,
+    ops_config,
     placement_config,
     redis_config,
 )
@@ -172,12 +175,14 @@ def test_every_setting_is_documented_with_its_default_under_its_group() -> None:
 
 
 def test_each_setting_is_declared_once_and_the_config_defaults_are_its_defaults() -> None:
-    declared = [f.name for c in (BankerConfig, RedisConfig, PlacementConfig) for f in fields(c)]
+    sections = (BankerConfig, RedisConfig, PlacementConfig, OpsConfig)
+    declared = [f.name for c in sections for f in fields(c)]
     assert len(SETTINGS) == len(declared) == len(DEFAULTS)
     assert all(name.startswith("BANKER_") for name in SETTINGS)
     assert BankerConfig() == load_config({})
     assert RedisConfig() == load_redis_config({})
     assert PlacementConfig() == load_placement_config({})
+    assert OpsConfig() == load_ops_config({})
 
 
 class _Crawler:
@@ -189,7 +194,7 @@ class _Crawler:
 def test_configs_are_parsed_once_per_crawler() -> None:
     first = _Crawler({"BANKER_QUEUE_KEY": "domain", "BANKER_PLACEMENT": "top1"}, "shop")
     second = _Crawler({})
-    for get in (core_config, redis_config, placement_config):
+    for get in (core_config, redis_config, placement_config, ops_config):
         assert get(first) is get(first)
         assert get(second) is not get(first)
     assert core_config(first).queue_key == "domain"
@@ -234,3 +239,32 @@ def test_bad_redis_settings_name_the_setting(name: str, value: object, message: 
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         load_redis_config({name: value}, "shop")
     assert name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [
+        ("BANKER_METRICS_PORT", 70000, "TCP port 0-65535"),
+        ("BANKER_METRICS_PORT", "9100", "TCP port 0-65535"),
+        ("BANKER_METRICS_BIND", "localhost:80", "IP address"),
+        ("BANKER_METRICS_TOP_SLOTS", -1, ">= 0"),
+        ("BANKER_TIMESERIES_INTERVAL", 0, "> 0"),
+        ("BANKER_DASHBOARD_TOKEN", "short", "16+ characters"),
+    ],
+)
+def test_bad_operations_settings_fail_naming_the_setting(
+    name: str, value: Any, allowed: str
+) -> None:
+    with pytest.raises(ValueError, match=name) as info:
+        load_ops_config({name: value})
+    assert allowed in str(info.value)
+
+
+def test_operations_settings_parse() -> None:
+    config = load_ops_config(
+        {"BANKER_METRICS_PORT": 0, "BANKER_METRICS_BIND": "0.0.0.0",
+         "BANKER_DASHBOARD_TOKEN": "s3cret-token-0123456789", "BANKER_PROGRESS": "true"}
+    )  # fmt: skip
+    assert (config.metrics_port, config.metrics_bind, config.progress) == (0, "0.0.0.0", True)
+    assert config.dashboard_token == "s3cret-token-0123456789"
+    assert OpsConfig().metrics_port is None and OpsConfig().dashboard_token is None

@@ -40,6 +40,7 @@ CORES = (
     "partitions",
     "placement",
     "meta",
+    "telemetry",
 )
 
 _PROBE = """

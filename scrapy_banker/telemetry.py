@@ -25,6 +25,7 @@ __all__ = [
     "FORMAT_VERSION",
     "BankerSample",
     "FleetSample",
+    "PlacementSample",
     "Sample",
     "SlotSample",
     "TopicSample",
@@ -91,6 +92,19 @@ class FleetSample:
 
 
 @dataclass(frozen=True)
+class PlacementSample:
+    """The network-aware placement's latest plan (GNP map and assignment)."""
+
+    #: ``BANKER_PLACEMENT`` mode (``top1``, ``topk``, ``hungarian``...).
+    mode: str
+    #: GNP coordinates of nodes and of sites (netlocs), all of one dimension.
+    nodes: dict[str, list[float]]
+    sites: dict[str, list[float]]
+    #: Site -> node it was placed on.
+    assignment: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Sample:
     """What one crawler was doing at wall-clock time ``t``."""
 
@@ -107,6 +121,7 @@ class Sample:
     slots: tuple[SlotSample, ...] = ()
     banker: BankerSample | None = None
     fleet: FleetSample | None = None
+    placement: PlacementSample | None = None
     version: int = FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,6 +153,18 @@ def _counts(d: Mapping[str, Any], key: str) -> dict[str, int]:
     if not isinstance(value, dict):
         raise ValueError(f"{key!r} must be an object, got {value!r}")
     return {str(k): _int(value, k) for k in value}
+
+
+def _coords(d: Mapping[str, Any], key: str) -> dict[str, list[float]]:
+    value = d[key]
+    if not isinstance(value, dict):
+        raise ValueError(f"{key!r} must be an object, got {value!r}")
+    out: dict[str, list[float]] = {}
+    for name, xs in value.items():
+        if not isinstance(xs, list):
+            raise ValueError(f"coordinates of {name!r} must be a list, got {xs!r}")
+        out[str(name)] = [_num({"x": x}, "x") for x in xs]
+    return out
 
 
 def sample_from_dict(d: Any) -> Sample:
@@ -175,10 +202,17 @@ def sample_from_dict(d: Any) -> Sample:
                 _int(f, "partitions_owned"), _int(f, "partitions_total"), _int(f, "leased"),
                 _int(f, "pending_ops"), bool(f["connected"]),
             )  # fmt: skip
+        pl = d.get("placement")
+        placement = None
+        if pl is not None:
+            placement = PlacementSample(
+                str(pl["mode"]), _coords(pl, "nodes"), _coords(pl, "sites"),
+                {str(k): str(v) for k, v in pl["assignment"].items()},
+            )  # fmt: skip
         return Sample(
             t=_num(d, "t"), node=str(d["node"]), pages=_int(d, "pages"),
             queued=_int(d, "queued"), inflight=_int(d, "inflight"), topics=topics,
-            slots=slots, banker=banker, fleet=fleet,
+            slots=slots, banker=banker, fleet=fleet, placement=placement,
         )  # fmt: skip
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed sample: {exc!r}") from None

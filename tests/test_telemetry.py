@@ -10,6 +10,7 @@ import pytest
 from scrapy_banker.telemetry import (
     BankerSample,
     FleetSample,
+    PlacementSample,
     Sample,
     SlotSample,
     TopicSample,
@@ -26,6 +27,9 @@ def _sample(t: float = 1000.5) -> Sample:
         slots=(SlotSample("a.test", 2, 4, 5), SlotSample("b.test", 1, 4, 0)),
         banker=BankerSample({"cpu": 4}, {"cpu": 1}, {"cpu": 3}, {"cpu": 2}, 3, 1),
         fleet=FleetSample(341, 1024, 9, 0, True),
+        placement=PlacementSample(
+            "topk", {"w1": [0.0, 1.5]}, {"a.test": [2.0, -1.0]}, {"a.test": "w1"}
+        ),
     )  # fmt: skip
 
 
@@ -59,6 +63,7 @@ def test_a_truncated_or_foreign_line_is_reported_not_fatal() -> None:
         ({"topics": []}, "'topics' must be an object"),
         ({"slots": [{"slot": "a"}]}, "malformed sample"),
         ({"banker": {"total": 3}}, "'total' must be an object"),
+        ({"placement": {"mode": "topk", "nodes": {"w": ["x"]}}}, "'x' must be a finite number"),
     ],
 )
 def test_bad_fields_are_named(change: dict[str, object], message: str) -> None:

@@ -114,6 +114,15 @@ class Keyspace:
         """
         return f"{self.prefix}:ready:{node}"
 
+    def telemetry(self, node: str) -> str:
+        """The node's latest :class:`~scrapy_banker.telemetry.Sample` as JSON (expires).
+
+        Written by the node itself, read by ``scrapy banker status`` and the
+        dashboard; it expires a few intervals after the node stops writing,
+        so it needs no clearing.
+        """
+        return f"{self.prefix}:telemetry:{node}"
+
     def rtt(self, node: str) -> str:
         """Hash netloc -> the node's denoised round-trip time (ms)."""
         return f"{self.prefix}:net:rtt:{node}"

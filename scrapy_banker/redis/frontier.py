@@ -541,6 +541,27 @@ class RedisFrontier:
                 out.append({"raw": text, "reason": "unreadable dead letter"})
         return out
 
+    def requeue_dead(self, partition: int, letter: str, priority: int = 0) -> str | None:
+        """Queue one dead letter again; its new id, or None if it is gone or has no payload.
+
+        ``letter`` is the list entry exactly as stored (what
+        :meth:`dead_letters` decodes): the script removes that entry and
+        queues its payload in one step, so a letter is never lost nor queued
+        twice.  Only the operator's ``scrapy banker deadletters --requeue``
+        calls this; follow it with :meth:`bump_finished`.
+        """
+        k = self.keys(partition)
+        (answer,) = self.scripts.values(
+            "requeue", [ScriptCall([k.dead, k.queue, k.seen, k.payloads, k.meta],
+                                   [letter, int(priority)])]
+        )  # fmt: skip
+        return None if answer is None else decode(answer)
+
+    def bump_finished(self) -> int:
+        """Move the crawl's ``finished`` version, as a batch that changed the work does."""
+        (answer,) = self.scripts.values("bump", [ScriptCall([self.keyspace.finished], [])])
+        return int(answer)
+
     # -- inspection -------------------------------------------------------------------
 
     def queued(self, partition: int) -> int:

@@ -1,0 +1,238 @@
+"""``scrapy banker explain URL [SPIDER]``: where one URL is in the crawl, and why it waits.
+
+The URL is classified by the crawl's own code (topic rules, queue key, BKDR
+hash, partition) and looked up by the fingerprint of Scrapy's request
+fingerprinter -- the one the crawl deduplicates on -- in its partition's seen
+set, queue, leases and dead letters (a fleet), or in a JOBDIR's saved bucket
+and Scrapy's ``requests.seen`` (a single node).  The sentence saying why it
+waits is built only from what was read: the owner's heartbeat, the
+hand-over fence, the owner's telemetry (its slot for the host, the topics it
+serves, its admission gate), the queue ahead of it.  Reads only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from scrapy_banker.commands import CommandError
+from scrapy_banker.commands._common import (
+    add_target_arguments,
+    connect,
+    console,
+    emit_json,
+    fleet_configured,
+    jobdir_of,
+    redis_errors,
+    redis_settings,
+    spider_name,
+)
+
+if TYPE_CHECKING:
+    import argparse
+
+    from scrapy import Request
+    from scrapy.settings import BaseSettings
+
+    from scrapy_banker.settings import BankerConfig
+
+HELP = "Explain one URL: topic, queue key, hash, partition, owner, state, and why it waits"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="the URL to explain (as the crawl queued it)")
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--jobdir",
+        metavar="DIR",
+        help="explain against a single node's JOBDIR instead of a Redis fleet",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _request(url: str) -> Request:
+    from scrapy import Request
+
+    from scrapy_banker.hashing import host_of
+
+    try:
+        request = Request(url)
+    except (ValueError, TypeError) as exc:
+        raise CommandError(f"not a URL the crawl could queue: {exc}") from None
+    if not host_of(request.url):
+        raise CommandError(f"URL {url!r} has no host name")
+    return request
+
+
+def _fingerprinter(settings: BaseSettings) -> Any:
+    """The project's request fingerprinter (``REQUEST_FINGERPRINTER_CLASS``), as the crawl's."""
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.settings import Settings
+    from scrapy.utils.misc import build_from_crawler, load_object
+
+    # A crawler is only the fingerprinter's way to its settings: it is never
+    # started, so no reactor is installed and nothing is crawled.
+    crawler = Crawler(Spider, Settings(settings.copy_to_dict()))
+    return build_from_crawler(load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler)
+
+
+def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
+    from scrapy_banker.settings import load_config
+
+    request = _request(opts.url)
+    try:
+        config = load_config(settings)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    fingerprinter = _fingerprinter(settings)
+
+    def fingerprint(r: Request) -> str:
+        return str(fingerprinter.fingerprint(r).hex())
+
+    spider_name(settings, opts, required=False)  # an unknown spider is bad input anyway
+    jobdir = getattr(opts, "jobdir", None)
+    if jobdir is None and not fleet_configured(settings, opts):
+        jobdir = jobdir_of(settings, opts)
+        if jobdir is None:
+            raise CommandError(
+                "nothing to look in: give --jobdir DIR for a single node, or REDIS_URL "
+                "(-s REDIS_URL=redis://...) for a fleet"
+            )
+    if jobdir is not None:
+        data = _explain_jobdir(jobdir, request, config, fingerprint)
+    else:
+        data = _explain_fleet(opts, settings, request, config, fingerprint(request))
+    if opts.json:
+        emit_json(data)
+    else:
+        _print(data)
+    return 0
+
+
+def _explain_fleet(
+    opts: argparse.Namespace,
+    settings: BaseSettings,
+    request: Request,
+    config: BankerConfig,
+    fingerprint: str,
+) -> dict[str, Any]:
+    from scrapy_banker.redis.inspect import explain_url
+
+    rconfig = redis_settings(settings, opts)
+    client, keyspace = connect(settings, opts)
+    with redis_errors(settings):
+        found = explain_url(
+            client,
+            keyspace,
+            request,
+            fingerprint=fingerprint,
+            config=config,
+            node_timeout_s=rconfig.node_timeout,
+        )
+    if found.state == "unknown":
+        raise CommandError(
+            f"{request.url} is not in this crawl: fingerprint {fingerprint} was never queued "
+            f"under prefix {keyspace.prefix!r} (it would go to partition {found.partition}, "
+            f"owner {found.owner or 'none'})"
+        )
+    return found.to_json()
+
+
+def _explain_jobdir(
+    jobdir: str, request: Request, config: BankerConfig, fingerprint: Any
+) -> dict[str, Any]:
+    from scrapy_banker.scheduler.classifier import Classifier
+    from scrapy_banker.scheduler.downloader import DownloaderView
+    from scrapy_banker.scheduler.inspect import SCHEMA_VERSION, find_in_jobdir
+
+    c = Classifier(config, DownloaderView(), None).classify(request)
+    try:
+        found = find_in_jobdir(jobdir, request, c.key_hash, fingerprint)
+    except (OSError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    if found.state == "unknown":
+        raise CommandError(
+            f"{request.url} is not in this crawl: not saved in {jobdir}, not a dead letter, "
+            "not in requests.seen"
+        )
+    topic = found.entry.topic if found.entry is not None else c.topic
+    waiting = None
+    if found.state == "queued":
+        waiting = (
+            f"it was saved in bucket {found.bucket} at the last clean stop, with "
+            f"{found.ahead} requests of topic {topic} for {c.slot} ahead of it; it is fetched "
+            f"when the crawl resumes with JOBDIR={jobdir}"
+        )
+    elif found.state == "dead":
+        waiting = f"it is in banker-deadletter.jsonl ({found.dead_reason}) and will not resume"
+    notes = []
+    if found.entry is None and any(r.callback is not None for r in config.topic_rules):
+        notes.append(
+            "topic from the URL rules only: the request's callback is unknown here, so "
+            "callback rules were tried against Scrapy's default 'parse'"
+        )
+    return {
+        "schema": SCHEMA_VERSION,
+        "kind": "explain-jobdir",
+        "url": request.url,
+        "fingerprint": fingerprint(request),
+        "topic": topic,
+        "topic_source": "saved request" if found.entry is not None else "rules",
+        "slot": c.slot,
+        "queue_key": c.key,
+        "key_hash": c.key_hash,
+        "hash_function": config.queue_hash,
+        "bucket": found.bucket,
+        "seen": found.seen,
+        "state": found.state,
+        "waiting": waiting,
+        "notes": notes,
+    }
+
+
+_LABELS = (
+    ("url", "URL"),
+    ("fingerprint", "fingerprint"),
+    ("topic", "topic"),
+    ("topic_source", "topic from"),
+    ("slot", "download slot"),
+    ("queue_key", "queue key"),
+    ("key_hash", "key hash"),
+    ("hash_function", "hash function"),
+    ("bucket", "directory bucket"),
+    ("partition", "partition"),
+    ("owner", "owner"),
+    ("owner_alive", "owner live"),
+    ("owner_epoch", "owner epoch"),
+    ("seen", "seen"),
+    ("state", "state"),
+)
+
+
+def _print(data: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    out = console()
+    table = Table(show_header=False, box=None)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key, label in _LABELS:
+        if key in data:
+            value = data[key]
+            table.add_row(label, "-" if value is None else str(value))
+    for copy in data.get("copies", []):
+        detail = copy["state"]
+        if copy["ahead"] is not None:
+            detail += f", {copy['ahead']} ahead"
+        if copy["state"] == "leased":
+            detail += f", delivery {copy['deliveries']}, expires in {copy['expires_in_s']} s"
+        if copy["reason"]:
+            detail += f": {copy['reason']}"
+        table.add_row("copy", f"{copy['id']} ({detail})")
+    out.print(table)
+    if data.get("waiting"):
+        out.print(f"Why it waits: {data['waiting']}")
+    elif data.get("state") == "done":
+        out.print("Not waiting: it was queued and nothing of it is left (fetched or dropped).")
+    for note in data.get("notes", []):
+        out.print(f"Note: {note}")

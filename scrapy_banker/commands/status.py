@@ -1,0 +1,205 @@
+"""``scrapy banker status [SPIDER] [--jobdir DIR] [--json]``: what a crawl holds now.
+
+A single node: what its JOBDIR holds since its last clean stop (topics,
+requests per topic and per directory bucket, dead letters).  A fleet: what
+Redis holds (nodes with heartbeat age, owned partitions, in flight and
+capacity; the partition table; queued / leased / dead-lettered totals; the
+reaper; placement mode and latest plan; topic counters from the nodes'
+telemetry).  A Rich table on a terminal, plain text in a pipe, one JSON
+document with ``--json`` (schema in ``docs/ops/commands.rst``).  Reads only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scrapy_banker.commands import CommandError
+from scrapy_banker.commands._common import (
+    add_target_arguments,
+    connect,
+    console,
+    emit_json,
+    fleet_configured,
+    jobdir_of,
+    redis_errors,
+    redis_settings,
+    safe_url,
+    spider_name,
+)
+
+if TYPE_CHECKING:
+    import argparse
+
+    from scrapy.settings import BaseSettings
+
+    from scrapy_banker.redis.inspect import FleetView
+    from scrapy_banker.scheduler.inspect import JobdirView
+
+HELP = "Show a crawl's state: a node's JOBDIR, or a Redis fleet (nodes, partitions, topics)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--jobdir", metavar="DIR", help="a single node's JOBDIR (default: the JOBDIR setting)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
+    spider_name(settings, opts, required=False)  # an unknown spider is bad input anyway
+    jobdir = getattr(opts, "jobdir", None)
+    if jobdir is None and not fleet_configured(settings, opts):
+        jobdir = jobdir_of(settings, opts)
+        if jobdir is None:
+            raise CommandError(
+                "nothing to inspect: give --jobdir DIR for a single node, or REDIS_URL "
+                "(-s REDIS_URL=redis://...) for a fleet"
+            )
+    if jobdir is not None:
+        from scrapy_banker.scheduler.inspect import read_jobdir
+
+        try:
+            view = read_jobdir(jobdir)
+        except (OSError, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        if opts.json:
+            emit_json(view.to_json())
+        else:
+            _print_jobdir(view)
+        return 0
+    from scrapy_banker.redis.inspect import read_fleet
+    from scrapy_banker.settings import load_placement_config
+
+    config = redis_settings(settings, opts)
+    try:
+        mode = load_placement_config(settings).mode
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    client, keyspace = connect(settings, opts)
+    with redis_errors(settings):
+        fleet = read_fleet(
+            client, keyspace, node_timeout_s=config.node_timeout, placement_mode=mode
+        )
+    if not fleet.exists:
+        raise CommandError(
+            f"no crawl under prefix {keyspace.prefix!r} at {safe_url(settings)} "
+            "(wrong spider or --prefix, or the crawl has not started)"
+        )
+    if opts.json:
+        emit_json(fleet.to_json())
+    else:
+        _print_fleet(fleet)
+    return 0
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
+def _print_fleet(fleet: FleetView) -> None:
+    from rich.table import Table
+
+    out = console()
+    live = len(fleet.live_nodes)
+    out.print(
+        f"Fleet {fleet.prefix!r}: {live} live of {len(fleet.nodes)} nodes, "
+        f"{fleet.partitions} partitions (table version {fleet.table_version})"
+    )
+    out.print(
+        f"Requests: {fleet.queued} queued, {fleet.leased} leased, {fleet.dead} dead-lettered; "
+        f"finished counter {fleet.finished}"
+    )
+    out.print(
+        f"Partitions: {fleet.owned} owned, {fleet.unowned} without owner, "
+        f"{fleet.owned_by_dead} owned by a dead node, {fleet.handover} in hand-over"
+        + (f"; {fleet.rebalancing} is rebalancing now" if fleet.rebalancing else "")
+    )
+    reaper = fleet.reaper
+    out.print(
+        f"Reaper: {reaper.expired_leases} expired leases waiting"
+        + (f"; a round is running on {reaper.running_on}" if reaper.running_on else "")
+    )
+    nodes = Table(title="Nodes")
+    for name in ("node", "live", "heartbeat", "capacity", "partitions", "queued", "leased",
+                 "dead", "in flight", "pages"):  # fmt: skip
+        nodes.add_column(name, justify="left" if name == "node" else "right")
+    for n in fleet.nodes:
+        t = n.telemetry
+        nodes.add_row(
+            n.name,
+            "yes" if n.alive else "NO",
+            _age(n.heartbeat_age_s),
+            "-" if n.capacity is None else f"{n.capacity:g}",
+            str(n.partitions_owned),
+            str(n.queued),
+            str(n.leased),
+            str(n.dead),
+            "-" if t is None else str(t.inflight),
+            "-" if t is None else str(t.pages),
+        )
+    out.print(nodes)
+    if fleet.topics:
+        topics = Table(title="Topics (live nodes' telemetry)")
+        for name in ("topic", "pages", "queued on nodes", "in flight", "nodes"):
+            topics.add_column(name, justify="left" if name == "topic" else "right")
+        for tv in fleet.topics:
+            topics.add_row(tv.name, str(tv.pages), str(tv.queued), str(tv.inflight), str(tv.nodes))
+        out.print(topics)
+    else:
+        out.print("Topics: no live node publishes telemetry")
+    pl = fleet.placement
+    line = f"Placement: {pl.mode}; {pl.sites} partitions with a known site"
+    if pl.mode != "hash":
+        line += f", {pl.placed} placed by a hungarian plan (cost {pl.placed_cost:.3g})"
+        if pl.planner:
+            line += f", last planned by {pl.planner}"
+        if pl.assignment:
+            owners: dict[str, int] = {}
+            for node in pl.assignment.values():
+                owners[node] = owners.get(node, 0) + 1
+            spread = ", ".join(f"{n}: {c}" for n, c in sorted(owners.items()))
+            line += f"; latest plan ({pl.assignment_from}): sites per node {spread}"
+    out.print(line)
+
+
+def _print_jobdir(view: JobdirView) -> None:
+    from rich.table import Table
+
+    out = console()
+    out.print(
+        f"JOBDIR {view.path}: {view.queued} requests saved at the last clean stop"
+        + (f" (state.json says {view.pending})" if view.pending != view.queued else "")
+    )
+    seen = "no requests.seen" if view.seen is None else f"{view.seen} fingerprints seen"
+    out.print(
+        f"Dead letters: {view.dead_letters}"
+        + (f" ({', '.join(f'{k}: {n}' for k, n in view.dead_letter_kinds.items())})"
+           if view.dead_letter_kinds else "")
+        + f"; {seen}; {view.malformed} malformed lines"
+    )  # fmt: skip
+    if view.global_depth is not None:
+        out.print(
+            f"Directory: global depth {view.global_depth}, {view.n_buckets} buckets "
+            f"({len(view.buckets)} with saved requests)"
+        )
+    topics = Table(title="Topics")
+    for name in ("topic", "queued", "slice s", "dispatched"):
+        topics.add_column(name, justify="left" if name == "topic" else "right")
+    for name, t in sorted(view.topics.items()):
+        slice_s = t.get("slice_s")
+        topics.add_row(
+            name,
+            str(t["queued"]),
+            "-" if slice_s is None else f"{slice_s:g}",
+            "-" if t.get("dispatched") is None else str(t["dispatched"]),
+        )
+    out.print(topics)
+    buckets = Table(title="Buckets")
+    for name in ("bucket", "queued", "queue keys"):
+        buckets.add_column(name, justify="right")
+    for b, (q, k) in sorted(view.buckets.items()):
+        buckets.add_row(str(b), str(q), str(k))
+    out.print(buckets)
+    if view.top_slots:
+        out.print("Busiest slots: " + ", ".join(f"{slot} ({n})" for slot, n in view.top_slots))

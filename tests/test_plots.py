@@ -297,3 +297,131 @@ def test_json_lines_record_round_trips_through_the_plot_reader(tmp_path: Path) -
     path = tmp_path / "ts.jsonl"
     path.write_text("".join(json.dumps(s.to_dict()) + "\n" for s in samples))
     assert read_samples([path]) == (samples, [])
+
+
+# -- real crawls of the web farm -------------------------------------------------------------
+
+ADMISSION_SPIDER = """
+import sys
+import scrapy
+from scrapy.crawler import CrawlerProcess
+from scrapy.linkextractors import LinkExtractor
+from scrapy_banker.testing.resolver import farm_settings
+
+port, hosts, timeseries = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+
+class Spider(scrapy.Spider):
+    name = "plotted"
+    links = LinkExtractor(allow=[r"^https?://[a-z0-9-]+\\.farm\\.test(:\\d+)?/"])
+
+    async def start(self):
+        for i in range(hosts):
+            yield scrapy.Request(f"http://h{i:04d}.farm.test:{port}/",
+                                 meta={"banker_need": {"pages": 1}})
+        # Three tasks holding a session each, two sessions: one waits (parked)
+        # until BANKER_TASK_TIMEOUT reclaims an idle holder.
+        for t in range(3):
+            yield scrapy.Request(
+                f"http://h0000.farm.test:{port}/?task={t}",
+                meta={"banker_task": f"t{t}", "banker_max": {"sessions": 1, "pages": 1},
+                      "banker_need": {"sessions": 1}, "banker_hold": True},
+                dont_filter=True, callback=self.noop,
+            )
+
+    def parse(self, response):
+        for link in self.links.extract_links(response):
+            yield response.follow(link.url, meta={"banker_need": {"pages": 1}})
+
+    def noop(self, response):
+        return None
+
+
+process = CrawlerProcess({
+    **farm_settings(),
+    "ADDONS": {"scrapy_banker.Addon": 500},
+    "BANKER_RESOURCES": {"pages": 3, "sessions": 2},
+    "BANKER_TASK_TIMEOUT": 1,
+    "BANKER_TIMESERIES_FILE": timeseries,
+    "BANKER_TIMESERIES_INTERVAL": 0.1,
+    "CONCURRENT_REQUESTS": 16,
+    "LOG_LEVEL": "WARNING",
+})
+process.crawl(Spider)
+process.start()
+"""
+
+
+def _timeseries_extension_present() -> bool:
+    return (ROOT / "scrapy_banker" / "ops" / "timeseries.py").exists()
+
+
+needs_timeseries = pytest.mark.skipif(
+    not _timeseries_extension_present(),
+    reason="the BankerTimeseries extension (scrapy_banker.ops.timeseries) is not there yet",
+)
+
+
+@pytest.mark.slow
+@needs_timeseries
+@needs_every_subcommand
+def test_demo_project_crawl_records_a_time_series_that_plots(tmp_path: Path) -> None:
+    """``scrapy crawl farm`` with BANKER_TIMESERIES_FILE, then ``scrapy banker plot``."""
+    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+
+    timeseries = tmp_path / "ts.jsonl"
+    with WebFarm(FarmConfig(seed=5, hosts=6, total_pages=300, latency_ms=20.0)) as farm:
+        crawl = subprocess.run(
+            [sys.executable, "-m", "scrapy", "crawl", "farm", "-a", f"port={farm.port}",
+             "-a", "hosts=6", "-s", f"BANKER_TIMESERIES_FILE={timeseries}",
+             "-s", "BANKER_TIMESERIES_INTERVAL=0.1", "-s", "LOG_LEVEL=WARNING"],
+            cwd=ROOT / "example_project", capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        expected = len(farm.expected_urls())
+    assert crawl.returncode == 0, crawl.stderr[-3000:]
+    samples, bad = read_samples([timeseries])
+    assert bad == []
+    assert len(samples) >= 5
+    assert samples[-1].pages == expected  # the last sample is taken at close
+    assert max(s.inflight for s in samples) > 1
+    assert set(samples[-1].topics) >= {"news", "products", "archive"}
+
+    out = tmp_path / "plots"
+    proc = _banker("plot", str(timeseries), "-o", str(out), cwd=ROOT / "example_project")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(out / "pages_per_topic.png"),
+                                   str(out / "active_downloads.png")]  # fmt: skip
+    assert "skipped banker.png" in proc.stderr and "skipped gnp_map.png" in proc.stderr
+    for name in ("pages_per_topic.png", "active_downloads.png"):
+        assert_real_chart(out / name)
+    print(f"\nplots of a real crawl: {out}")
+
+
+@pytest.mark.slow
+@needs_timeseries
+@needs_every_subcommand
+def test_crawl_with_banker_admission_plots_its_allocation(tmp_path: Path) -> None:
+    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+
+    script, timeseries = tmp_path / "spider.py", tmp_path / "ts.jsonl"
+    script.write_text(ADMISSION_SPIDER)
+    with WebFarm(FarmConfig(seed=11, hosts=4, total_pages=160, latency_ms=20.0)) as farm:
+        crawl = subprocess.run(
+            [sys.executable, str(script), str(farm.port), "4", str(timeseries)],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+    assert crawl.returncode == 0, crawl.stderr[-3000:]
+    samples, bad = read_samples([timeseries])
+    assert bad == []
+    banker = [s.banker for s in samples if s.banker is not None]
+    assert banker, "no sample carries Banker data"
+    assert banker[0].total == {"pages": 3, "sessions": 2}
+    assert max(b.allocated["pages"] for b in banker) >= 1
+    assert max(b.allocated["sessions"] for b in banker) == 2
+
+    out = tmp_path / "plots"
+    proc = _banker("plot", str(timeseries), "-o", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert str(out / "banker.png") in proc.stdout.split()
+    assert_real_chart(out / "banker.png")
+    print(f"\nBanker plot of a real crawl: {out / 'banker.png'}")

@@ -61,13 +61,15 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
         samples, bad = plots.read_samples(paths)
     except OSError as exc:
         raise CommandError(f"cannot read {exc.filename or paths}: {exc.strerror or exc}") from None
+    first_bad = f"first: {str(bad[0])[:160]}" if bad else ""
+    if not samples:
+        why = f" ({len(bad)} bad line(s), {first_bad})" if bad else " (empty)"
+        raise CommandError(f"no valid sample in {', '.join(paths)}{why}")
     if bad:
         sys.stderr.write(
             f"scrapy banker plot: warning: skipped {len(bad)} line(s) that are not samples "
-            f"(first: {str(bad[0])[:160]})\n"
+            f"({first_bad})\n"
         )
-    if not samples:
-        raise CommandError(f"no valid sample in {', '.join(paths)}")
     try:
         result = plots.plot_samples(samples, opts.plot_dir)
     except plots.PlotError as exc:

@@ -1,0 +1,164 @@
+"""``scrapy banker dashboard [SPIDER]``: the live fleet dashboard in a browser.
+
+Serves :mod:`scrapy_banker.dashboard` on ``--bind`` (127.0.0.1 unless told
+otherwise) and ``--port``, prints its URL and runs until Ctrl-C.  The fleet is
+found like the crawl finds it: ``REDIS_URL`` (or ``REDIS_HOST``/...) and
+``BANKER_REDIS_PREFIX`` with ``%(spider)s`` the SPIDER argument; it is read
+through :func:`scrapy_banker.redis.inspect.read_fleet`, the read model
+``scrapy banker status`` shows too.  Redis unreachable at start-up, a port in
+use or a bad option is one line on stderr and exit code 2; once running, a
+Redis outage is shown on the page (the last numbers, marked stale) and the
+server keeps trying.
+
+Actions (requeue dead letters) need ``BANKER_DASHBOARD_TOKEN``; without it the
+dashboard is read-only.  Pausing a topic is not offered: the fleet has no
+mechanism for it yet, and a button that did nothing would lie.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+from scrapy_banker.commands import CommandError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+HELP = "Serve a live web dashboard of a Redis fleet (read-only unless BANKER_DASHBOARD_TOKEN)"
+
+DEFAULT_PORT = 8765
+DEFAULT_BIND = "127.0.0.1"
+#: Dead letters shown on the page (the count above the list is exact).
+DEAD_LETTERS_SHOWN = 50
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from scrapy_banker.commands._common import add_target_arguments
+
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"TCP port to serve on (default {DEFAULT_PORT}; 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--bind",
+        default=DEFAULT_BIND,
+        metavar="ADDRESS",
+        help=f"address to listen on (default {DEFAULT_BIND}: this machine only)",
+    )
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often the fleet is read from Redis, whatever the number of viewers (default 1)",
+    )
+
+
+def _reactor(settings: BaseSettings) -> Any:
+    """The installed reactor, or the one the settings name, installed now.
+
+    Scrapy >= 2.14 runs this command without a crawler process, so no
+    reactor is installed yet; 2.13 creates one and installs its reactor.
+    Any reactor serves a web page; the settings' one is used so that the
+    process looks like the project's other commands.
+    """
+    from scrapy.utils.reactor import install_reactor
+
+    if "twisted.internet.reactor" not in sys.modules:
+        path = settings.get("TWISTED_REACTOR")
+        if path:
+            install_reactor(str(path), settings.get("ASYNCIO_EVENT_LOOP"))
+    from twisted.internet import reactor
+
+    return reactor
+
+
+def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
+    from scrapy_banker.settings import load_ops_config
+
+    if not 0 <= opts.port <= 65535:
+        raise CommandError(f"--port must be in [0, 65535], got {opts.port}")
+    if not 0.2 <= opts.refresh <= 60:
+        raise CommandError(f"--refresh must be between 0.2 and 60 seconds, got {opts.refresh:g}")
+    try:
+        token = load_ops_config(settings).dashboard_token
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    from scrapy_banker.commands._common import connect, redis_settings
+
+    node_timeout = redis_settings(settings, opts).node_timeout
+    placement_mode = settings.get("BANKER_PLACEMENT") or None
+    # Short timeouts, no retries: a start-up against a dead server fails in
+    # seconds, and once running each refresh is a fresh attempt anyway.
+    client, keyspace = connect(settings, opts)
+
+    from scrapy_banker.redis import inspect
+
+    def read() -> dict[str, Any]:
+        fleet = inspect.read_fleet(
+            client, keyspace, node_timeout_s=node_timeout, placement_mode=placement_mode
+        )
+        letters = (
+            inspect.list_dead_letters(client, keyspace, limit=DEAD_LETTERS_SHOWN)
+            if fleet.dead
+            else []
+        )
+        return {"fleet": fleet.to_json(), "dead_letters": [d.to_json() for d in letters]}
+
+    def requeue(count: int | None) -> int:
+        letters = inspect.list_dead_letters(client, keyspace, limit=count)
+        result = inspect.requeue_dead_letters(
+            client, keyspace, letters, node_timeout_s=node_timeout
+        )
+        return len(result.requeued)
+
+    try:
+        first = read()  # a broken server shows now, not in the page
+    except Exception as exc:
+        raise CommandError(f"cannot read the fleet at {keyspace.prefix!r}: {exc}") from None
+
+    reactor = _reactor(settings)
+    from twisted.internet.error import CannotListenError
+
+    from scrapy_banker.dashboard.server import Actions, Dashboard, FleetPoller, make_site
+
+    info = {
+        "prefix": keyspace.prefix,
+        "refresh_s": opts.refresh,
+        "node_timeout_s": node_timeout,
+        "actions": {
+            "enabled": token is not None,
+            "requeue": token is not None,
+            "pause": False,
+        },
+    }
+    poller = FleetPoller(reactor, read, opts.refresh, info, initial=first)
+    dashboard = Dashboard(poller, Actions(token=token, requeue=requeue), bind=opts.bind)
+    try:
+        port = reactor.listenTCP(opts.port, make_site(dashboard), interface=opts.bind)
+    except CannotListenError as exc:
+        raise CommandError(f"cannot listen on {opts.bind}:{opts.port}: {exc.socketError}") from None
+    host = port.getHost()
+    shown = f"[{host.host}]" if ":" in host.host else host.host
+    url = f"http://{shown}:{host.port}/"
+    mode = "actions enabled (token set)" if token else "read-only: set BANKER_DASHBOARD_TOKEN"
+    sys.stdout.write(f"scrapy-banker dashboard for {keyspace.prefix!r}: {url} ({mode})\n")
+    sys.stdout.flush()
+    if opts.bind not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning(
+            "The dashboard listens on %s: anyone who can reach it sees the fleet", opts.bind
+        )
+    reactor.callWhenRunning(poller.start)
+    reactor.addSystemEventTrigger("before", "shutdown", poller.stop)
+    reactor.run()
+    client.close()
+    return 0

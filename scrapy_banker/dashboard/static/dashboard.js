@@ -1,0 +1,531 @@
+// scrapy-banker dashboard: polls /api/state and redraws. No library, no network but this server.
+// Every value from the fleet is put in the page as text (textContent), never as HTML:
+// dead letters hold whatever a stranger queued.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const SVG = "http://www.w3.org/2000/svg";
+  const PALETTE = ["#4c9bff", "#3fb950", "#d29922", "#db61a2", "#a371f7", "#39c5cf", "#f0883e", "#8b949e"];
+  const int = new Intl.NumberFormat(undefined, { maximumFractionDigits: 0 });
+  const dec1 = new Intl.NumberFormat(undefined, { minimumFractionDigits: 1, maximumFractionDigits: 1 });
+
+  let state = null;          // last good answer of /api/state
+  let lastOk = 0;            // Date.now() of that answer
+  let failures = 0;          // consecutive failed polls
+  let refreshMs = 1000;
+  const topicColor = new Map();
+
+  // ---------------------------------------------------------------- helpers
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "text") el.textContent = v;
+      else el.setAttribute(k, v);
+    }
+    for (const c of children) {
+      if (c === null || c === undefined) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+  function s(tag, attrs, text) {
+    const el = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+    if (text !== undefined) el.textContent = text;
+    return el;
+  }
+  const num = (v) => (typeof v === "number" && isFinite(v) ? v : null);
+  const fmtInt = (v) => (num(v) === null ? "–" : int.format(v));
+  function fmtRate(v) {
+    if (num(v) === null) return "–";
+    return v >= 100 ? int.format(v) : dec1.format(v);
+  }
+  function fmtAge(sec) {
+    if (num(sec) === null) return "–";
+    if (sec < 10) return dec1.format(sec) + " s";
+    if (sec < 120) return int.format(sec) + " s";
+    if (sec < 7200) return int.format(sec / 60) + " min";
+    return dec1.format(sec / 3600) + " h";
+  }
+  function pick(obj, ...names) {
+    if (!obj) return undefined;
+    for (const n of names) if (obj[n] !== undefined && obj[n] !== null) return obj[n];
+    return undefined;
+  }
+  function colorOf(topic) {
+    if (!topicColor.has(topic)) topicColor.set(topic, PALETTE[topicColor.size % PALETTE.length]);
+    return topicColor.get(topic);
+  }
+  function css(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+  function empty(container, text) {
+    container.replaceChildren(h("div", { class: "empty", text }));
+  }
+  function setText(id, text, cls) {
+    const el = $(id);
+    el.textContent = text;
+    if (cls !== undefined) el.className = "value" + (cls ? " " + cls : "");
+  }
+
+  // ------------------------------------------------------------ fleet model
+  // The read model's JSON, read tolerantly: a field the fleet does not
+  // publish (yet) shows as "–", never as an error.
+  function nodesOf(fleet) {
+    const raw = (fleet && fleet.nodes) || [];
+    const list = Array.isArray(raw) ? raw : Object.entries(raw).map(([k, v]) => ({ node: k, ...v }));
+    return list.map((n) => {
+      const t = n.telemetry || null;
+      const f = (t && t.fleet) || {};
+      return {
+        name: String(pick(n, "node", "name", "id") ?? (t && t.node) ?? "?"),
+        alive: pick(n, "alive", "live"),
+        age: num(pick(n, "heartbeat_age_s", "heartbeat_age", "age_s")),
+        partitions: pick(n, "partitions_owned", "owned_partitions", "partitions") ?? f.partitions_owned,
+        capacity: pick(n, "capacity"),
+        queued: pick(n, "queued"),
+        leased: pick(n, "leased") ?? f.leased,
+        dead: pick(n, "dead", "dead_letters"),
+        pages: t ? t.pages : undefined,
+        inflight: t ? t.inflight : pick(n, "inflight"),
+        pendingOps: f.pending_ops,
+        connected: f.connected ?? pick(n, "connected"),
+        telemetry: t,
+      };
+    });
+  }
+  function timeoutOf(st) {
+    const f = st.fleet || {};
+    return num(pick(f, "node_timeout_s", "node_timeout")) ?? num(st.server && st.server.node_timeout_s) ?? 30;
+  }
+  function sum(list, key) {
+    let total = 0, seen = false;
+    for (const x of list) if (num(x[key]) !== null) { total += x[key]; seen = true; }
+    return seen ? total : null;
+  }
+
+  // -------------------------------------------------------------- render
+  function render(st) {
+    const fleet = st.fleet || {};
+    const server = st.server || {};
+    const nodes = nodesOf(fleet);
+    const timeout = timeoutOf(st);
+    $("prefix").textContent = server.prefix || fleet.prefix || "fleet";
+    document.title = `scrapy-banker · ${server.prefix || "fleet"}`;
+
+    // -- KPIs
+    const rates = st.rates || { t: [], series: {} };
+    const all = (rates.series && rates.series["*"]) || [];
+    const pages = sum(nodes, "pages");
+    setText("k-pages", fmtInt(pages));
+    $("k-pages-sub").textContent = `${nodes.filter((n) => n.telemetry).length} of ${nodes.length} nodes reporting`;
+    const rateNow = all.length ? all[all.length - 1] : null;
+    setText("k-rate", fmtRate(rateNow));
+    const peak = all.length ? Math.max(...all) : null;
+    $("k-rate-sub").textContent = peak !== null ? `peak ${fmtRate(peak)} · ${rates.window_s || 5} s average` : "\u00a0";
+    const queued = num(pick(fleet, "queued")) ?? sum(nodes, "queued");
+    const leased = num(pick(fleet, "leased")) ?? sum(nodes, "leased");
+    const dead = num(pick(fleet, "dead", "dead_letters")) ?? sum(nodes, "dead");
+    setText("k-queued", fmtInt(queued));
+    const inflight = sum(nodes, "inflight");
+    $("k-queued-sub").textContent = inflight !== null ? `${fmtInt(inflight)} downloading now` : "\u00a0";
+    setText("k-leased", fmtInt(leased));
+    const partitions = num(pick(fleet, "partitions"));
+    $("k-leased-sub").textContent = partitions !== null ? `${fmtInt(partitions)} partitions` : "\u00a0";
+    setText("k-dead", fmtInt(dead), dead ? "bad" : "");
+    $("k-dead-sub").textContent = dead ? "requeue below" : "none";
+    const alive = nodes.filter((n) => n.alive !== false && (n.age === null || n.age <= timeout)).length;
+    setText("k-nodes", nodes.length ? `${alive} / ${nodes.length}` : "0", alive < nodes.length ? "warn" : "");
+    $("k-nodes-sub").textContent = `heartbeat timeout ${fmtAge(timeout)}`;
+
+    renderChart(rates);
+    renderTopics(nodes, rates);
+    renderSlots(nodes);
+    renderNodes(nodes, timeout);
+    renderBanker(nodes);
+    renderGnp(nodes);
+    renderDead(st);
+  }
+
+  function renderTopics(nodes, rates) {
+    const topics = new Map();
+    for (const n of nodes) {
+      const ts = (n.telemetry && n.telemetry.topics) || {};
+      for (const [name, t] of Object.entries(ts)) {
+        const acc = topics.get(name) || { pages: 0, queued: 0, inflight: 0, slices: [] };
+        acc.pages += t.pages || 0;
+        acc.queued += t.queued || 0;
+        acc.inflight += t.inflight || 0;
+        if (num(t.slice_s) !== null) acc.slices.push(t.slice_s);
+        topics.set(name, acc);
+      }
+    }
+    const body = $("topics").tBodies[0];
+    if (!topics.size) {
+      body.replaceChildren(h("tr", {}, h("td", { colspan: "6", class: "empty", text: "No topic telemetry yet" })));
+      return;
+    }
+    const series = rates.series || {};
+    const rows = [...topics.entries()].sort((a, b) => b[1].pages - a[1].pages).map(([name, t]) => {
+      const r = series[name] || [];
+      const slice = t.slices.length ? Math.max(...t.slices) : null;
+      return h("tr", {},
+        h("td", {}, h("span", { class: "swatch", style: null }), name),
+        h("td", { class: "num", text: fmtInt(t.pages) }),
+        h("td", { class: "num", text: fmtRate(r.length ? r[r.length - 1] : null) }),
+        h("td", { class: "num", text: fmtInt(t.queued) }),
+        h("td", { class: "num", text: fmtInt(t.inflight) }),
+        h("td", { class: "num", text: slice === null ? "–" : dec1.format(slice) + " s" }));
+    });
+    body.replaceChildren(...rows);
+    // Swatch colours through the CSSOM (the page's CSP forbids style attributes).
+    [...topics.keys()].sort((a, b) => topics.get(b).pages - topics.get(a).pages).forEach((name, i) => {
+      body.rows[i].querySelector(".swatch").style.background = colorOf(name);
+    });
+  }
+
+  // A line per topic, the fleet's total dashed; drawn on a canvas sized to its box.
+  function renderChart(rates) {
+    const canvas = $("rates");
+    const box = canvas.parentElement.getBoundingClientRect();
+    const dpr = window.devicePixelRatio || 1;
+    const W = Math.max(200, box.width), H = Math.max(120, box.height);
+    if (canvas.width !== Math.round(W * dpr) || canvas.height !== Math.round(H * dpr)) {
+      canvas.width = Math.round(W * dpr);
+      canvas.height = Math.round(H * dpr);
+    }
+    const g = canvas.getContext("2d");
+    g.setTransform(dpr, 0, 0, dpr, 0, 0);
+    g.clearRect(0, 0, W, H);
+    const ts = rates.t || [];
+    const series = rates.series || {};
+    const names = Object.keys(series).filter((k) => k !== "*").sort();
+    const pad = { l: 44, r: 12, t: 10, b: 22 };
+    const pw = W - pad.l - pad.r, ph = H - pad.t - pad.b;
+    const muted = css("--muted"), grid = css("--grid");
+    g.font = "11px system-ui, sans-serif";
+    $("rates-hint").textContent = ts.length ? `${rates.window_s || 5} s average · last ${fmtAge(ts[ts.length - 1] - ts[0])}` : "";
+    if (ts.length < 2) {
+      g.fillStyle = muted;
+      g.textAlign = "center";
+      g.fillText("Waiting for two readings of the fleet…", W / 2, H / 2);
+      return;
+    }
+    let ymax = 0;
+    for (const k of Object.keys(series)) for (const v of series[k]) ymax = Math.max(ymax, v);
+    const step = niceStep(ymax / 4 || 1);
+    ymax = Math.max(step, Math.ceil(ymax / step) * step);
+    const t0 = ts[0], t1 = ts[ts.length - 1];
+    const span = Math.max(1, t1 - t0);
+    const x = (t) => pad.l + ((t - t0) / span) * pw;
+    const y = (v) => pad.t + ph - (v / ymax) * ph;
+    // grid + y labels
+    g.strokeStyle = grid; g.lineWidth = 1; g.fillStyle = muted; g.textAlign = "right"; g.textBaseline = "middle";
+    for (let v = 0; v <= ymax + 1e-9; v += step) {
+      const yy = Math.round(y(v)) + 0.5;
+      g.beginPath(); g.moveTo(pad.l, yy); g.lineTo(W - pad.r, yy); g.stroke();
+      g.fillText(step >= 1 ? fmtInt(v) : fmtRate(v), pad.l - 6, yy);
+    }
+    // x labels: clock times at a few round seconds
+    g.textAlign = "center"; g.textBaseline = "top";
+    const xstep = niceTime(span / 5);
+    for (let t = Math.ceil(t0 / xstep) * xstep; t <= t1; t += xstep) {
+      const d = new Date(t * 1000);
+      const label = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: span < 600 ? "2-digit" : undefined });
+      g.fillText(label, x(t), H - pad.b + 6);
+    }
+    const line = (vals, color, width, dash) => {
+      g.strokeStyle = color; g.lineWidth = width; g.setLineDash(dash || []);
+      g.lineJoin = "round";
+      g.beginPath();
+      vals.forEach((v, i) => (i ? g.lineTo(x(ts[i]), y(v)) : g.moveTo(x(ts[i]), y(v))));
+      g.stroke();
+      g.setLineDash([]);
+    };
+    // Area under the total, faint.
+    if (series["*"]) {
+      const tot = series["*"];
+      g.beginPath();
+      g.moveTo(x(ts[0]), y(0));
+      tot.forEach((v, i) => g.lineTo(x(ts[i]), y(v)));
+      g.lineTo(x(ts[ts.length - 1]), y(0));
+      g.closePath();
+      g.fillStyle = "rgba(139,148,163,0.10)";
+      g.fill();
+      if (names.length > 1) line(tot, muted, 1.5, [4, 3]);
+    }
+    for (const name of names) line(series[name], colorOf(name), 2);
+  }
+  function niceStep(raw) {
+    const p = Math.pow(10, Math.floor(Math.log10(raw)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= raw) return m * p;
+    return 10 * p;
+  }
+  function niceTime(raw) {
+    for (const s of [5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600]) if (s >= raw) return s;
+    return 3600;
+  }
+
+  function renderSlots(nodes) {
+    const box = $("slots");
+    const slots = [];
+    for (const n of nodes) for (const sl of (n.telemetry && n.telemetry.slots) || []) slots.push({ ...sl, node: n.name });
+    slots.sort((a, b) => (b.inflight / (b.limit || 1)) - (a.inflight / (a.limit || 1)) || b.inflight - a.inflight || b.queued - a.queued);
+    if (!slots.length) return empty(box, "No host is being downloaded from");
+    const rows = slots.slice(0, 10).map((sl) => {
+      const limit = Math.max(1, sl.limit || 1);
+      const fill = h("div", { class: "fill" + (sl.inflight >= limit ? " full" : "") });
+      fill.style.width = Math.min(100, (100 * sl.inflight) / limit) + "%";
+      return h("div", { class: "bar-row" },
+        h("div", { class: "what mono", title: `${sl.slot} on ${sl.node}` }, sl.slot, h("span", { class: "node", text: sl.node })),
+        h("div", { class: "count" }, h("b", { text: `${sl.inflight}/${sl.limit}` }), sl.queued ? ` · ${fmtInt(sl.queued)} queued` : ""),
+        h("div", { class: "track" }, fill));
+    });
+    box.replaceChildren(...rows);
+  }
+
+  function renderNodes(nodes, timeout) {
+    const body = $("nodes").tBodies[0];
+    if (!nodes.length) {
+      body.replaceChildren(h("tr", {}, h("td", { colspan: "11", class: "empty", text: "No node registered in this keyspace" })));
+      return;
+    }
+    const rows = nodes.slice().sort((a, b) => a.name.localeCompare(b.name, undefined, { numeric: true })).map((n) => {
+      const late = n.alive === false || (n.age !== null && n.age > timeout);
+      const status = late ? h("span", { class: "tag late", text: "late" }) : h("span", { class: "tag alive", text: "alive" });
+      const conn = n.connected === undefined ? "–" : n.connected ? "connected" : "reconnecting";
+      return h("tr", { "data-node": n.name },
+        h("td", { class: "mono", text: n.name }),
+        h("td", {}, status),
+        h("td", { class: "num" + (late ? " bad" : ""), text: fmtAge(n.age) }),
+        h("td", { class: "num", text: fmtInt(n.partitions) }),
+        h("td", { class: "num", text: fmtInt(n.pages) }),
+        h("td", { class: "num", text: fmtInt(n.inflight) }),
+        h("td", { class: "num", text: fmtInt(n.queued) }),
+        h("td", { class: "num", text: fmtInt(n.leased) }),
+        h("td", { class: "num" + (n.dead ? " bad" : ""), text: fmtInt(n.dead) }),
+        h("td", { class: "num", text: fmtInt(n.pendingOps) }),
+        h("td", { class: n.connected === false ? "warn" : "", text: conn }));
+    });
+    body.replaceChildren(...rows);
+  }
+
+  function renderBanker(nodes) {
+    const box = $("banker");
+    const acc = { total: {}, available: {}, allocated: {}, need: {}, tasks: 0, parked: 0 };
+    let any = false;
+    for (const n of nodes) {
+      const b = n.telemetry && n.telemetry.banker;
+      if (!b) continue;
+      any = true;
+      for (const k of ["total", "available", "allocated", "need"]) {
+        for (const [r, v] of Object.entries(b[k] || {})) acc[k][r] = (acc[k][r] || 0) + v;
+      }
+      acc.tasks += b.tasks || 0;
+      acc.parked += b.parked || 0;
+    }
+    const names = Object.keys(acc.total).sort();
+    if (!any || !names.length) return empty(box, "No BANKER_RESOURCES on any node: admission is off");
+    const rows = names.map((r) => {
+      const total = Math.max(1, acc.total[r] || 0);
+      const alloc = acc.allocated[r] || 0, need = acc.need[r] || 0, avail = acc.available[r] ?? total - alloc;
+      const fa = h("div", { class: "fill full" }), fn = h("div", { class: "fill need" });
+      fa.style.width = (100 * alloc) / total + "%";
+      fn.style.width = (100 * Math.min(need, avail)) / total + "%";
+      return h("div", { class: "res" },
+        h("div", { class: "head" }, h("span", { class: "name mono", text: r }), h("span", { class: "muted", text: `${fmtInt(avail)} of ${fmtInt(acc.total[r])} available` })),
+        h("div", { class: "track" }, fa, fn),
+        h("div", { class: "legend" },
+          h("span", {}, h("span", { class: "legend-dot dot-alloc" }), "allocated ", h("b", { text: fmtInt(alloc) })),
+          h("span", {}, h("span", { class: "legend-dot dot-need" }), "need ", h("b", { text: fmtInt(need) })),
+          h("span", {}, h("span", { class: "legend-dot dot-free" }), "available ", h("b", { text: fmtInt(avail) }))));
+    });
+    rows.push(h("div", { class: "tasks" }, `${fmtInt(acc.tasks)} tasks holding grants · `,
+      h("span", { class: acc.parked ? "warn" : "", text: `${fmtInt(acc.parked)} requests parked (unsafe to grant)` })));
+    box.replaceChildren(...rows);
+  }
+
+  // GNP map: the newest plan any node published; sites as dots, nodes as
+  // labelled squares, a line from each site to the node it was placed on.
+  function renderGnp(nodes) {
+    const svg = $("gnp");
+    let plan = null, planT = -1;
+    for (const n of nodes) {
+      const p = n.telemetry && n.telemetry.placement;
+      if (p && Object.keys(p.nodes || {}).length && (n.telemetry.t || 0) > planT) { plan = p; planT = n.telemetry.t || 0; }
+    }
+    svg.replaceChildren();
+    $("gnp-wrap").classList.toggle("no-map", !plan);
+    const W = 640, H = plan ? 300 : 110;
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    const muted = css("--muted");
+    if (!plan) {
+      const mode = nodes.map((n) => n.telemetry && n.telemetry.placement && n.telemetry.placement.mode).find(Boolean);
+      $("gnp-hint").textContent = mode ? `mode ${mode}` : "";
+      svg.append(s("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: muted, "font-size": 13 },
+        "No network map: BANKER_PLACEMENT is \"hash\" or no plan yet"));
+      return;
+    }
+    const pts = [...Object.values(plan.nodes), ...Object.values(plan.sites || {})].filter((c) => c.length >= 2);
+    let [x0, x1, y0, y1] = [Infinity, -Infinity, Infinity, -Infinity];
+    for (const [a, b] of pts) { x0 = Math.min(x0, a); x1 = Math.max(x1, a); y0 = Math.min(y0, b); y1 = Math.max(y1, b); }
+    const pad = 28, sx = (W - 2 * pad) / Math.max(1e-9, x1 - x0), sy = (H - 2 * pad) / Math.max(1e-9, y1 - y0);
+    const sc = Math.min(sx, sy);
+    const ox = (W - sc * (x1 - x0)) / 2, oy = (H - sc * (y1 - y0)) / 2;
+    const X = (c) => ox + (c[0] - x0) * sc, Y = (c) => H - (oy + (c[1] - y0) * sc);
+    const nodeNames = Object.keys(plan.nodes).sort();
+    const nodeColor = new Map(nodeNames.map((n, i) => [n, PALETTE[i % PALETTE.length]]));
+    const sites = Object.entries(plan.sites || {});
+    const gl = s("g", { "stroke-width": 1, "stroke-opacity": 0.35 });
+    for (const [site, c] of sites) {
+      const owner = (plan.assignment || {})[site];
+      const nc = owner && plan.nodes[owner];
+      if (nc) gl.append(s("line", { x1: X(c), y1: Y(c), x2: X(nc), y2: Y(nc), stroke: nodeColor.get(owner) || muted }));
+    }
+    svg.append(gl);
+    const gs = s("g", {});
+    for (const [site, c] of sites) {
+      const owner = (plan.assignment || {})[site];
+      const dot = s("circle", { cx: X(c), cy: Y(c), r: 3, fill: nodeColor.get(owner) || muted, "fill-opacity": 0.85 });
+      dot.append(s("title", {}, owner ? `${site} → ${owner}` : site));
+      gs.append(dot);
+    }
+    svg.append(gs);
+    const text = css("--text"), card = css("--card");
+    // Nodes the fit put (nearly) on top of each other: each label one line
+    // lower than the last one there, so every name stays readable.
+    const labels = [];
+    for (const name of nodeNames) {
+      const c = plan.nodes[name];
+      const g = s("g", {});
+      let ly = Y(c) + 4;
+      while (labels.some(([lx, yy]) => Math.abs(lx - X(c)) < 40 && Math.abs(yy - ly) < 13)) ly += 14;
+      labels.push([X(c), ly]);
+      g.append(s("rect", { x: X(c) - 7, y: Y(c) - 7, width: 14, height: 14, rx: 3, fill: nodeColor.get(name), stroke: card, "stroke-width": 2 }));
+      g.append(s("text", { x: X(c) + 11, y: ly, fill: text, "font-size": 12, "font-weight": 600, stroke: card, "stroke-width": 3, "paint-order": "stroke" }, name));
+      svg.append(g);
+    }
+    $("gnp-hint").textContent = `mode ${plan.mode} · ${fmtInt(sites.length)} sites on ${nodeNames.length} nodes · first two GNP dimensions`;
+  }
+
+  function renderDead(st) {
+    const list = st.dead_letters || (st.fleet && st.fleet.dead_letters) || [];
+    const body = $("dead").tBodies[0];
+    const actions = (st.server && st.server.actions) || {};
+    const button = $("requeue"), token = $("token"), hint = $("action-hint");
+    const total = num(pick(st.fleet || {}, "dead", "dead_letters"));
+    $("dead-hint").textContent = list.length ? `showing ${list.length}${total !== null && total > list.length ? " of " + fmtInt(total) : ""}` : "";
+    if (!actions.enabled) {
+      button.disabled = true;
+      token.hidden = true;
+      hint.textContent = "Read-only: start the dashboard with -s BANKER_DASHBOARD_TOKEN=… to enable actions";
+    } else {
+      token.hidden = false;
+      button.disabled = !list.length && !(total > 0);
+      if (!hint.dataset.sticky) hint.textContent = "Actions need the token the dashboard was started with";
+    }
+    if (!list.length) {
+      body.replaceChildren(h("tr", {}, h("td", { colspan: "3", class: "empty", text: "No dead letters" })));
+      return;
+    }
+    body.replaceChildren(...list.slice(0, 50).map((d) => {
+      let what = pick(d, "url") || "";
+      const payload = pick(d, "payload", "raw");
+      if (!what && typeof payload === "string") {
+        try { what = JSON.parse(payload).url || payload; } catch (e) { what = payload; }
+      }
+      return h("tr", {},
+        h("td", { class: "num", text: fmtInt(pick(d, "partition")) }),
+        h("td", { class: "bad", text: String(pick(d, "reason") || "?") }),
+        h("td", { class: "mono wrap", text: String(what).slice(0, 200) }));
+    }));
+  }
+
+  // --------------------------------------------------------------- status
+  function renderStatus() {
+    const pill = $("status-pill"), banner = $("banner");
+    const age = (Date.now() - lastOk) / 1000;
+    let cls = "live", text = "live", msg = null, warn = false;
+    if (!state) { cls = "down"; text = "connecting…"; }
+    if (failures >= 2) { cls = "down"; text = "offline"; msg = `The dashboard server does not answer (last answer ${fmtAge(age)} ago): the numbers below are stale.`; }
+    else if (state && state.error) {
+      cls = "down"; text = "Redis unreachable";
+      const readAge = state.read_at ? state.now - state.read_at : null;
+      msg = `${state.error}${readAge !== null ? ` · showing the fleet as read ${fmtAge(readAge)} ago` : ""}`;
+    } else if (state && state.read_at && state.now - state.read_at > 3 * ((state.server && state.server.refresh_s) || 1) + 2) {
+      cls = "stale"; text = "stale"; warn = true;
+      msg = `The last read of the fleet is ${fmtAge(state.now - state.read_at)} old.`;
+    }
+    pill.className = "pill " + cls;
+    pill.textContent = text;
+    banner.hidden = !msg;
+    banner.className = "banner" + (warn ? " warn" : "");
+    banner.textContent = msg || "";
+    if (state && state.read_at) {
+      const d = new Date(state.read_at * 1000);
+      $("updated").textContent = `updated ${d.toLocaleTimeString()}`;
+    }
+  }
+
+  async function poll() {
+    try {
+      const r = await fetch("/api/state", { cache: "no-store" });
+      if (!r.ok) throw new Error(`HTTP ${r.status}`);
+      state = await r.json();
+      lastOk = Date.now();
+      failures = 0;
+      const rs = state.server && state.server.refresh_s;
+      refreshMs = Math.min(2000, Math.max(1000, (rs || 1) * 1000));
+      render(state);
+    } catch (e) {
+      failures += 1;
+    }
+    renderStatus();
+    setTimeout(poll, refreshMs);
+  }
+
+  // --------------------------------------------------------------- actions
+  async function requeue() {
+    const hint = $("action-hint"), token = $("token");
+    sessionStorage.setItem("banker-token", token.value);
+    hint.dataset.sticky = "1";
+    hint.textContent = "Requeueing…";
+    try {
+      const r = await fetch("/api/deadletters/requeue", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Authorization: `Bearer ${token.value}` },
+        body: JSON.stringify({ count: "all" }),
+      });
+      const data = await r.json().catch(() => ({}));
+      hint.textContent = r.ok ? `Requeued ${fmtInt(data.requeued)} dead letters` : `Refused (${r.status}): ${data.error || r.statusText}`;
+    } catch (e) {
+      hint.textContent = `Failed: ${e}`;
+    }
+    setTimeout(() => { delete hint.dataset.sticky; }, 8000);
+  }
+
+  function initTheme() {
+    const saved = localStorage.getItem("banker-theme");
+    const light = saved ? saved === "light" : window.matchMedia("(prefers-color-scheme: light)").matches;
+    if (light) document.documentElement.dataset.theme = "light";
+    $("theme").addEventListener("click", () => {
+      const now = document.documentElement.dataset.theme === "light" ? "dark" : "light";
+      if (now === "light") document.documentElement.dataset.theme = "light";
+      else delete document.documentElement.dataset.theme;
+      localStorage.setItem("banker-theme", now);
+      if (state) render(state);
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    initTheme();
+    $("token").value = sessionStorage.getItem("banker-token") || "";
+    $("requeue").addEventListener("click", requeue);
+    window.addEventListener("resize", () => state && renderChart(state.rates || {}));
+    setInterval(renderStatus, 1000);
+    poll();
+  });
+})();

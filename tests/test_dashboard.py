@@ -1,0 +1,416 @@
+"""The live dashboard: its HTTP API, and the page in a real browser on a live fleet.
+
+The browser test runs three real worker processes on the web farm and one
+real redis-server, starts ``scrapy banker dashboard`` as its own process and
+drives Debian's headless Chromium with Playwright: the page must list the
+live nodes, show a page count that moves while the crawl runs, requeue dead
+letters with the token, and refuse an unauthenticated POST.  The screenshot
+is kept (its path is printed) so a human can look at it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from scrapy_banker.dashboard.history import RateHistory
+from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.testing.fleet import FleetWorker
+from scrapy_banker.testing.redis_server import RedisServer, free_port
+from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRAPY = str(Path(sys.executable).with_name("scrapy"))
+#: The command under test.
+COMMAND = [SCRAPY, "banker", "dashboard"]
+CHROMIUM = "/usr/bin/chromium"
+#: Where the browser test copies its screenshot for people to look at.
+SCREENSHOT = Path("/tmp/scrapy-banker-dashboard.png")
+PARTITIONS = 64
+PREFIX = "banker:fleet"  # BANKER_REDIS_PREFIX's default for the fleet spider ("fleet")
+TOKEN = "s3cret-dashboard-token"
+#: The flags Chromium needs on a machine with no display and no internet.
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+class Dashboard:
+    """``scrapy banker dashboard`` as a real process; its URL read from what it prints."""
+
+    def __init__(self, redis_url: str, *extra: str, bind: str | None = None) -> None:
+        self.port = free_port()
+        args = [*COMMAND, "fleet", "--port", str(self.port)]
+        if bind is not None:
+            args += ["--bind", bind]
+        args += ["--refresh", "0.5", "-s", f"REDIS_URL={redis_url}"]
+        args += ["-s", f"BANKER_REDIS_PARTITIONS={PARTITIONS}", *extra]
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        self.banner = self.proc.stdout.readline()
+        if not self.banner:
+            _out, err = self.proc.communicate(timeout=10)
+            raise AssertionError(f"the dashboard did not start:\n{err}")
+        host = "127.0.0.1" if bind in (None, "0.0.0.0") else bind
+        self.url = f"http://{host}:{self.port}"
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        return _http("GET", f"{self.url}{path}", headers=headers)
+
+    def post(
+        self, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        return _http("POST", f"{self.url}{path}", body, headers)
+
+    def state(self) -> dict[str, Any]:
+        status, data = self.get("/api/state")
+        assert status == 200, data
+        assert isinstance(data, dict)
+        return data
+
+    def close(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        _out, err = self.proc.communicate()
+        return err
+
+
+def _http(
+    method: str, url: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw, status = response.read(), response.status
+    except urllib.error.HTTPError as exc:
+        raw, status = exc.read(), exc.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode("utf-8", "replace")
+
+
+@pytest.fixture
+def dashboards() -> Iterator[list[Dashboard]]:
+    started: list[Dashboard] = []
+    yield started
+    for d in started:
+        d.close()
+
+
+def _worker_settings(server: RedisServer, node: str) -> dict[str, Any]:
+    return {
+        "SCHEDULER": "scrapy_banker.redis.scheduler.BankerRedisScheduler",
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "REDIS_URL": server.url,
+        "REDIS_PARAMS": {"socket_timeout": 2, "socket_connect_timeout": 2},
+        "BANKER_REDIS_NODE_ID": node,
+        "BANKER_REDIS_PARTITIONS": PARTITIONS,
+        "BANKER_REDIS_HEARTBEAT": 0.5,
+        "BANKER_REDIS_NODE_TIMEOUT": 3.0,
+        "BANKER_REDIS_LEASE_TTL": 3.0,
+        "BANKER_REDIS_IDLE_BEFORE_CLOSE": 1.0,
+        "BANKER_TIMESERIES_INTERVAL": 0.5,
+        "BANKER_TOPICS": {
+            "news": {"priority": 0},
+            "products": {"priority": 0},
+            "archive": {"priority": 0},
+        },
+        "BANKER_TOPIC_RULES": [
+            {"url": r"/news/", "topic": "news"},
+            {"url": r"/products/", "topic": "products"},
+            {"url": r"/archive/", "topic": "archive"},
+        ],
+        "BANKER_RESOURCES": {"sessions": 4, "browser_pages": 2},
+        # Network-aware placement, so the page has a GNP map to draw.
+        "BANKER_PLACEMENT": "top1",
+        "BANKER_PLACEMENT_INTERVAL": 2.0,
+        "BANKER_GNP_LANDMARK": node in ("w0", "w1"),
+        "BANKER_GNP_DIMS": 2,
+        "BANKER_PROBE_RATE": 20,
+        "CONCURRENT_REQUESTS": 16,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+    }
+
+
+# -- the pure part: rates from cumulative counters --------------------------------------
+
+
+def test_rates_come_from_differences_over_a_window_and_survive_restarts() -> None:
+    history = RateHistory(span_s=60.0, window_s=2.0)
+    assert history.observe(100.0, {"w0": {"news": 0}}) == {"news": 0.0, "*": 0.0}
+    history.observe(101.0, {"w0": {"news": 10}})
+    # Two seconds after the first reading: (20 - 0) / 2.
+    assert history.observe(102.0, {"w0": {"news": 20}, "w1": {"shop": 0}})["news"] == 10.0
+    # w0 restarts (its count starts again from 0): the fleet's total does not
+    # go backwards; w1 leaves (absent): its pages stay counted.
+    rates = history.observe(104.0, {"w0": {"news": 4}, "w1": {"shop": 6}})
+    assert rates["news"] == pytest.approx(2.0)  # (24 - 20) / 2
+    assert rates["shop"] == pytest.approx(3.0)
+    assert rates["*"] == pytest.approx(5.0)
+    rates = history.observe(106.0, {"w0": {"news": 8}})
+    assert rates == {"news": 2.0, "shop": 0.0, "*": 2.0}
+    # A clock that steps back changes nothing.
+    assert history.observe(105.0, {"w0": {"news": 1000}}) == rates
+    data = history.to_json()
+    assert data["t"] == [100.0, 101.0, 102.0, 104.0, 106.0]
+    assert data["series"]["news"] == [0.0, 10.0, 10.0, 2.0, 2.0]
+    assert data["series"]["shop"] == [0.0, 0.0, 0.0, 3.0, 0.0]
+    # Only span_s of history is kept.
+    history.observe(200.0, {"w0": {"news": 8}})
+    assert history.to_json()["t"] == [200.0]
+
+
+# -- the HTTP API, without a browser ------------------------------------------------------
+
+
+def test_api_is_read_only_without_a_token_and_local_by_default(
+    redis_server: RedisServer, redis_client: redis.Redis, dashboards: list[Dashboard]
+) -> None:
+    dash = Dashboard(redis_server.url)
+    dashboards.append(dash)
+    assert "http://127.0.0.1:" in dash.banner and "read-only" in dash.banner
+    state = dash.state()
+    assert state["version"] == 1
+    assert state["error"] is None
+    assert state["server"]["prefix"] == PREFIX
+    assert state["server"]["actions"] == {"enabled": False, "requeue": False, "pause": False}
+    fleet = state["fleet"]
+    assert fleet["prefix"] == PREFIX and fleet["partitions"] == PARTITIONS
+    assert fleet["nodes"] == [] and fleet["totals"]["dead"] == 0
+    assert state["dead_letters"] == []
+    assert set(state["rates"]) == {"window_s", "t", "series"}
+    # The page and its assets come from the package, with a strict CSP.
+    status, page = dash.get("/")
+    assert status == 200 and "/static/dashboard.js" in page
+    for asset in ("/static/dashboard.js", "/static/dashboard.css", "/static/favicon.svg"):
+        assert dash.get(asset)[0] == 200, asset
+    assert dash.get("/static/../server.py")[0] == 404
+    assert dash.get("/nothing")[0] == 404
+    # No token configured: every POST is refused, whatever it carries.
+    for headers in ({}, {"Authorization": f"Bearer {TOKEN}"}):
+        status, data = dash.post("/api/deadletters/requeue", {"count": "all"}, headers)
+        assert status == 403 and data == {"error": "actions disabled: set BANKER_DASHBOARD_TOKEN"}
+    assert dash.post("/api/topics/news/pause", {}, {})[0] == 403
+    # Another Host than this machine (a DNS-rebinding page) reads nothing.
+    status, data = dash.get("/api/state", {"Host": f"evil.example:{dash.port}"})
+    assert status == 403 and "Host" in data["error"]
+    # Bound to loopback only: another address of this machine is refused.
+    for address in _non_loopback_addresses():
+        with pytest.raises(OSError):
+            socket.create_connection((address, dash.port), timeout=2).close()
+    # Reads happen once per refresh, however many requests come in.
+    before = dash.state()["reads"]
+    for _ in range(30):
+        dash.state()
+    assert dash.state()["reads"] - before <= 3
+
+
+def _non_loopback_addresses() -> list[str]:
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+    except OSError:
+        return []
+    return sorted({str(i[4][0]) for i in infos if not str(i[4][0]).startswith("127.")})
+
+
+def test_api_actions_need_the_right_token(
+    redis_server: RedisServer, redis_client: redis.Redis, dashboards: list[Dashboard]
+) -> None:
+    dash = Dashboard(redis_server.url, "-s", f"BANKER_DASHBOARD_TOKEN={TOKEN}")
+    dashboards.append(dash)
+    assert "actions enabled" in dash.banner
+    assert dash.state()["server"]["actions"]["enabled"] is True
+    path = "/api/deadletters/requeue"
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": f"Bearer {TOKEN}x"},
+    ):
+        status, data = dash.post(path, {"count": "all"}, headers)
+        assert status == 401, (headers, data)
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    assert dash.post(path, {"count": 0}, good)[0] == 400
+    assert dash.post(path, [1], good)[0] == 400
+    assert dash.post("/api/topics/news/pause", {}, good)[0] == 404  # no pause: see the docs
+    status, data = dash.post(path, {"count": "all"}, good)
+    assert (status, data) == (200, {"requeued": 0})
+    # GET never acts, token or not.
+    assert dash.get(path, good)[0] == 404
+
+
+def test_redis_unreachable_at_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    done = subprocess.run(
+        [*COMMAND, "fleet", "--port", str(free_port()),
+         "-s", f"REDIS_URL=redis://127.0.0.1:{port}/0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("scrapy banker dashboard: Redis unreachable")
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - started < 10
+
+
+# -- the page in a real browser on a live fleet ---------------------------------------------
+
+
+def _chromium() -> str:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(
+            f"{CHROMIUM} is missing: install Debian's chromium package "
+            "(scripts/test does it when run as root with apt-get)"
+        )
+    pytest.importorskip("playwright.sync_api", reason="playwright (the test extra) is missing")
+    return CHROMIUM
+
+
+def _until(what: str, check: Any, timeout: float = 20.0) -> None:
+    """Poll ``check()`` from Python: the page's CSP (no eval) rules out wait_for_function."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _pages_shown(page: Any) -> int:
+    text = page.locator("#k-pages").inner_text()
+    digits = "".join(c for c in text if c.isdigit())
+    return int(digits) if digits else -1
+
+
+def test_dashboard_in_a_real_browser_on_a_live_fleet(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    dashboards: list[Dashboard],
+) -> None:
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    # Equal-sized hosts, 250 ms a page: three workers need ~15 s for the farm.
+    config = FarmConfig(
+        seed=7, hosts=36, total_pages=2200, zipf_s=0.3, latency_ms=200.0,
+        host_latency_ms={i: 150.0 + 30.0 * (i % 7) for i in range(36)},
+    )  # fmt: skip
+    with WebFarm(config) as farm:
+        # Dead letters to requeue: payloads the workers' codec refuses.
+        frontier = RedisFrontier(redis_client, prefix=PREFIX, partitions=PARTITIONS)
+        for p in (3, 5):
+            frontier.enqueue(
+                p, f"bad-{p}", json.dumps({"url": farm.url(p, "/"), "callback": "_private"}), 100
+            )
+        seeds = farm.start_urls()
+        specs = [{"settings": _worker_settings(redis_server, f"w{i}"), "seeds": seeds}
+                 for i in range(3)]  # fmt: skip
+        workers = [FleetWorker(f"w{i}", tmp_path, spec) for i, spec in enumerate(specs)]
+        try:
+            dash = Dashboard(
+                redis_server.url,
+                *("-s", f"BANKER_DASHBOARD_TOKEN={TOKEN}"),
+                # The fleet's own timeouts, as a shared settings.py would give them.
+                *("-s", "BANKER_REDIS_NODE_TIMEOUT=3", "-s", "BANKER_REDIS_HEARTBEAT=0.5"),
+            )
+            dashboards.append(dash)
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+                try:
+                    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+                    errors: list[str] = []
+                    page.on("pageerror", lambda exc: errors.append(str(exc)))
+                    page.on(
+                        "console",
+                        lambda m: errors.append(m.text) if m.type == "error" else None,
+                    )
+                    page.goto(dash.url + "/")
+                    # The live nodes, by name.
+                    for name in ("w0", "w1", "w2"):
+                        page.wait_for_selector(f'#nodes tr[data-node="{name}"]', timeout=20_000)
+                    _until("a page count", lambda: _pages_shown(page) > 0)
+                    first = _pages_shown(page)
+                    time.sleep(2.5)
+                    second = _pages_shown(page)
+                    running = [w.name for w in workers if w.proc.poll() is None]
+                    print(f"\npages shown: {first} then {second}; running: {running}")
+                    assert running, "the crawl ended before the page could be read twice"
+                    assert second > first > 0
+                    assert page.locator("#status-pill").inner_text() == "live"
+                    # Dead letters are listed and the token requeues them.
+                    page.wait_for_selector("#dead tbody tr td.bad", timeout=20_000)
+                    # Let the rate chart gather a few seconds before the picture.
+                    _until("three topics", lambda: page.locator("#topics tbody tr").count() >= 3)
+                    time.sleep(1.5)
+                    shot = tmp_path / "dashboard.png"
+                    page.screenshot(path=str(shot), full_page=True)
+                    shutil.copyfile(shot, SCREENSHOT)
+                    print(f"dashboard screenshot: {shot} (copied to {SCREENSHOT})")
+                    assert shot.stat().st_size > 30_000
+                    page.emulate_media(color_scheme="dark")
+                    page.reload()
+                    page.wait_for_selector('#nodes tr[data-node="w0"]', timeout=10_000)
+                    time.sleep(1.0)
+                    dark = tmp_path / "dashboard-dark.png"
+                    page.screenshot(path=str(dark), full_page=True)
+                    shutil.copyfile(dark, SCREENSHOT.with_name(SCREENSHOT.stem + "-dark.png"))
+                    print(f"dark theme: {dark} (copied to "
+                          f"{SCREENSHOT.with_name(SCREENSHOT.stem + '-dark.png')})")
+                    # An unauthenticated POST from the page's origin is refused.
+                    refused = page.request.post(
+                        dash.url + "/api/deadletters/requeue", data={"count": "all"}
+                    )
+                    assert refused.status == 401
+                    page.fill("#token", TOKEN)
+                    page.click("#requeue")
+                    hint = page.locator("#action-hint")
+                    _until("the requeue", lambda: hint.inner_text().startswith("Requeued "))
+                    assert re.fullmatch(r"Requeued [1-9]\d* dead letters", hint.inner_text())
+                    assert not errors, errors
+                finally:
+                    browser.close()
+        finally:
+            for w in workers:
+                if w.proc.poll() is None:
+                    w.proc.terminate()
+            for w in workers:
+                w.wait(30)

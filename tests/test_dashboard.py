@@ -393,8 +393,10 @@ def test_dashboard_in_a_real_browser_on_a_live_fleet(
                     dark = tmp_path / "dashboard-dark.png"
                     page.screenshot(path=str(dark), full_page=True)
                     shutil.copyfile(dark, SCREENSHOT.with_name(SCREENSHOT.stem + "-dark.png"))
-                    print(f"dark theme: {dark} (copied to "
-                          f"{SCREENSHOT.with_name(SCREENSHOT.stem + '-dark.png')})")
+                    print(
+                        f"dark theme: {dark} (copied to "
+                        f"{SCREENSHOT.with_name(SCREENSHOT.stem + '-dark.png')})"
+                    )
                     # An unauthenticated POST from the page's origin is refused.
                     refused = page.request.post(
                         dash.url + "/api/deadletters/requeue", data={"count": "all"}

@@ -1,6 +1,9 @@
 """Start the local web farm, crawl it with ``scrapy crawl farm``, print a summary.
 
-Run from anywhere: ``python example_project/run_demo.py [--hosts N] [--pages N]``.
+The crawl also records its time series (``BANKER_TIMESERIES_FILE``), which
+``scrapy banker plot`` then draws as PNG charts; the demo prints where they are.
+
+Run from anywhere: ``python example_project/run_demo.py [--hosts N] [--pages N] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument(
+        "--out",
+        help="directory for the time-series record and the plots (default: a new temporary one)",
+    )
     args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="banker-demo-"))
+    out.mkdir(parents=True, exist_ok=True)
+    timeseries = out / "timeseries.jsonl"
+    timeseries.unlink(missing_ok=True)  # the extension appends; a rerun starts afresh
+    plots = out / "plots"
 
     config = FarmConfig(
         seed=args.seed, hosts=args.hosts, total_pages=args.pages, latency_ms=args.latency_ms
@@ -37,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.executable, "-m", "scrapy", "crawl", "farm",
             "-a", f"port={farm.port}", "-a", f"hosts={args.hosts}",
             "-s", f"BANKER_STATS_FILE={stats_file}",
+            "-s", f"BANKER_TIMESERIES_FILE={timeseries}",
+            # A demo crawl lasts seconds: sample often enough to draw curves.
+            "-s", "BANKER_TIMESERIES_INTERVAL=0.25",
             "-s", f"LOG_LEVEL={args.log_level}",
         ]  # fmt: skip
         print(f"web farm: {args.hosts} hosts, {args.pages} pages, port {farm.port}", flush=True)
@@ -68,6 +83,20 @@ def main(argv: list[str] | None = None) -> int:
         responses = stats.get(f"banker/topic/{topic}/responses", 0)
         nbytes = stats.get(f"banker/topic/{topic}/response_bytes", 0)
         print(f"    {topic:<13} {responses:>9}  {nbytes:>9}")
+
+    print()
+    plot_cmd = [sys.executable, "-m", "scrapy", "banker", "plot", str(timeseries), "-o", str(plots)]
+    print("running:", " ".join(plot_cmd[2:]), flush=True)
+    plotted = subprocess.run(plot_cmd, cwd=HERE, stdout=subprocess.PIPE, text=True)
+    written = plotted.stdout.splitlines()
+    if plotted.returncode != 0 or not written:
+        print(f"scrapy banker plot failed (exit code {plotted.returncode})", file=sys.stderr)
+        return plotted.returncode or 1
+    print(f"  time series     {timeseries}")
+    print("  plots           " + "\n                  ".join(written))
+    print("  live dashboard  of a fleet (docs/tutorial.rst): in example_project/, "
+          "scrapy banker dashboard farm -s REDIS_URL=redis://...")  # fmt: skip
+    print("                  then open http://127.0.0.1:8765/")
     return 0 if pages == expected else 2
 
 

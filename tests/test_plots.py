@@ -425,3 +425,21 @@ def test_crawl_with_banker_admission_plots_its_allocation(tmp_path: Path) -> Non
     assert str(out / "banker.png") in proc.stdout.split()
     assert_real_chart(out / "banker.png")
     print(f"\nBanker plot of a real crawl: {out / 'banker.png'}")
+
+
+@pytest.mark.slow
+@needs_timeseries
+@needs_every_subcommand
+def test_demo_writes_its_plots_and_says_where(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "example_project" / "run_demo.py"), "--hosts", "4",
+         "--pages", "120", "--latency-ms", "5", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for name in ("pages_per_topic.png", "active_downloads.png"):
+        path = tmp_path / "plots" / name
+        assert str(path) in proc.stdout
+        assert_real_chart(path)
+    assert str(tmp_path / "timeseries.jsonl") in proc.stdout
+    assert "scrapy banker dashboard" in proc.stdout

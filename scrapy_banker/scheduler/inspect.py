@@ -105,11 +105,28 @@ def _entries(queues: str, only: int | None = None) -> Iterator[JobdirEntry | tup
                     yield name, lineno
 
 
-def _count_lines(path: str) -> int | None:
+def _seen(path: str) -> set[str] | None:
+    """Hex fingerprints in Scrapy's ``requests.seen`` (None: no such file).
+
+    Scrapy >= 2.14 writes each fingerprint as a 2-byte big-endian length and
+    its bytes; older versions one hex fingerprint per line.  Both are read.
+    """
     if not os.path.exists(path):
         return None
     with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
+        data = f.read()
+    out: set[str] = set()
+    i = 0
+    while i + 2 <= len(data):
+        size = int.from_bytes(data[i : i + 2], "big")
+        if not 0 < size <= 64 or i + 2 + size > len(data):
+            break
+        out.add(data[i + 2 : i + 2 + size].hex())
+        i += 2 + size
+    if i == len(data):
+        return out
+    text = data.decode("ascii", errors="replace")
+    return {line.strip() for line in text.splitlines() if line.strip()}
 
 
 @dataclass(frozen=True)
@@ -208,7 +225,7 @@ def read_jobdir(jobdir: str, *, top: int = 10) -> JobdirView:
         malformed=malformed,
         dead_letters=dead,
         dead_letter_kinds=dict(kinds),
-        seen=_count_lines(seen_path),
+        seen=None if (fingerprints := _seen(seen_path)) is None else len(fingerprints),
     )
 
 
@@ -269,10 +286,8 @@ def find_in_jobdir(
             and (-e.priority, e.line) < (-found.priority, found.line)
         )  # fmt: skip
         bucket = found.bucket
-    seen: bool | None = None
-    if os.path.exists(seen_path):
-        with open(seen_path, encoding="utf-8", errors="replace") as f:
-            seen = any(line.strip() == wanted for line in f)
+    fingerprints = _seen(seen_path)
+    seen = None if fingerprints is None else wanted in fingerprints
     dead_reason = None
     if found is None and os.path.exists(deadletter_path):
         with open(deadletter_path, encoding="utf-8", errors="replace") as f:

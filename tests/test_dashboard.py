@@ -380,7 +380,17 @@ def test_dashboard_in_a_real_browser_on_a_live_fleet(
                     page.wait_for_selector("#dead tbody tr td.bad", timeout=20_000)
                     # Let the rate chart gather a few seconds before the picture.
                     _until("three topics", lambda: page.locator("#topics tbody tr").count() >= 3)
-                    time.sleep(1.5)
+                    # The placement panel names the fleet's mode; the GNP map (the
+                    # nodes' squares) appears once a plan with coordinates is out,
+                    # which takes the landmarks' probes some seconds: waited for a
+                    # while, for the picture, but how soon is not the page's doing.
+                    _until("the placement mode", lambda: "top1" in page.inner_text("#gnp-hint"))
+                    started = time.monotonic()
+                    drawn = lambda: page.locator("#gnp rect").count() >= 2  # noqa: E731
+                    while not drawn() and time.monotonic() - started < 10:
+                        time.sleep(0.2)
+                    print(f"GNP map drawn: {drawn()} ({time.monotonic() - started:.1f} s waited)")
+                    time.sleep(1.0)
                     shot = tmp_path / "dashboard.png"
                     page.screenshot(path=str(shot), full_page=True)
                     shutil.copyfile(shot, SCREENSHOT)

@@ -149,9 +149,9 @@ class FleetPoller:
             self._render()
 
     def start(self) -> defer.Deferred[None]:
-        """Read now and then every interval; fires once the first read ended."""
+        """Read every interval from now on (and at once unless a first answer was given)."""
         self._loop.start(self.refresh_s, now=False)
-        return self.poll()
+        return self.poll() if self.reads == 0 else defer.succeed(None)
 
     def stop(self) -> None:
         if self._loop.running:

@@ -365,8 +365,10 @@
     if (!plan) {
       const mode = nodes.map((n) => n.telemetry && n.telemetry.placement && n.telemetry.placement.mode).find(Boolean);
       $("gnp-hint").textContent = mode ? `mode ${mode}` : "";
-      svg.append(s("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: muted, "font-size": 13 },
-        "No network map: BANKER_PLACEMENT is \"hash\" or no plan yet"));
+      const why = mode && mode !== "hash"
+        ? `Placement "${mode}": no plan with coordinates yet (it needs latency measurements)`
+        : "No network map: placement is \"hash\" (BANKER_PLACEMENT)";
+      svg.append(s("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: muted, "font-size": 13 }, why));
       return;
     }
     const pts = [...Object.values(plan.nodes), ...Object.values(plan.sites || {})].filter((c) => c.length >= 2);

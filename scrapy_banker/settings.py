@@ -277,8 +277,13 @@ def _optional_token(name: str, value: Any, ctx: Context) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or len(value) < 16 or not value.isprintable():
-        raise _bad(
-            name, value, "expected None (no actions) or a printable string of 16+ characters"
+        # Never echo a secret (even a bad one) into a log or a terminal.
+        shown = f"<{type(value).__name__} of length {len(value)}>" if isinstance(value, str) else (
+            f"<{type(value).__name__}>"
+        )
+        raise ValueError(
+            f"Invalid {name}={shown}: expected None (no actions) or a printable string "
+            "of 16+ characters"
         )
     return value
 

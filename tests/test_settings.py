@@ -268,3 +268,9 @@ def test_operations_settings_parse() -> None:
     assert (config.metrics_port, config.metrics_bind, config.progress) == (0, "0.0.0.0", True)
     assert config.dashboard_token == "s3cret-token-0123456789"
     assert OpsConfig().metrics_port is None and OpsConfig().dashboard_token is None
+
+
+def test_a_bad_dashboard_token_is_not_echoed() -> None:
+    with pytest.raises(ValueError, match="BANKER_DASHBOARD_TOKEN=<str of length 9>") as info:
+        load_ops_config({"BANKER_DASHBOARD_TOKEN": "hunter2!!"})
+    assert "hunter2" not in str(info.value)

@@ -54,8 +54,11 @@ _FIGSIZE = (12.0, 7.5)
 _DPI = 100
 #: The busiest slots drawn as small multiples on the active-downloads chart.
 _TOP_SLOTS = 6
-#: Rate panels use at most about this many bins, whatever the crawl's length.
-_RATE_BINS = 120
+#: Rate panels use at most about this many bins, whatever the crawl's length: a
+#: rate over one sampling interval mostly shows the sampling's jitter.
+_RATE_BINS = 80
+#: ...and bins of at least this many sampling intervals.
+_RATE_MIN_INTERVALS = 2
 #: Site names are written next to their dot only on small maps (else unreadable).
 _LABEL_SITES_UP_TO = 16
 #: A node silent for this many of its own sampling intervals counts as gone.
@@ -202,12 +205,12 @@ class _Timeline:
     def rate(self, get: Callable[[Sample], float | None]) -> tuple[FloatArray, FloatArray]:
         """``(bin centres, count per second)`` of a counter, in equal bins.
 
-        Bins are one sampling interval wide, or wider on long crawls so the
+        Bins are two sampling intervals wide, or wider on long crawls so the
         panel keeps about :data:`_RATE_BINS` of them.
         """
         if self.span <= 0:
             return np.zeros(0), np.zeros(0)
-        n = max(1, round(self.span / max(self.step, self.span / _RATE_BINS)))
+        n = max(1, round(self.span / max(_RATE_MIN_INTERVALS * self.step, self.span / _RATE_BINS)))
         width = self.span / n
         edges = np.linspace(0.0, n * width, n + 1)
         per_second: FloatArray = np.diff(self.counter(get, edges)) / width
@@ -308,7 +311,7 @@ def _pages_per_topic(mpl: Any, tl: _Timeline, path: Path) -> None:
     rate.plot(centres, all_rate, color="#444444", linewidth=1.0, linestyle="--", label="all topics")
     cum.set_title("pages fetched (cumulative)", loc="left", fontsize=11)
     if len(centres) > 1:
-        width = f"{centres[1] - centres[0]:.3g} s bins"
+        width = f"{centres[1] - centres[0]:.2g} s bins"
     elif len(centres) == 1:
         width = f"one {tl.span:.3g} s bin"
     else:
@@ -565,7 +568,7 @@ def plot_samples(samples: Sequence[Sample], out_dir: str | Path) -> PlotResult:
 
     ``samples`` may come from several nodes and in any order.  A chart whose
     data no sample carries (Banker state, a placement plan) is skipped with
-    the reason, not drawn empty.
+    the reason, not drawn empty, and its file of an earlier run is removed.
     """
     if not samples:
         raise PlotError("no sample to plot")
@@ -586,4 +589,7 @@ def plot_samples(samples: Sequence[Sample], out_dir: str | Path) -> PlotResult:
         else:
             logger.info("Skipped %s: %s", name, why)
             result.skipped.append((name, why))
+            # A chart of an earlier crawl left in the directory would pass
+            # for this one's.
+            path.unlink(missing_ok=True)
     return result

@@ -26,9 +26,14 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy_banker.middlewares.BankerDownloaderMiddleware": 860,
     "scrapy_banker.netaware.NetworkMeasureMiddleware": 865,
 }
+#: The operator's view (metrics, progress, time series) raises a bare
+#: NotConfigured while its setting is off: listed here, it costs nothing then.
 EXTENSIONS = {
     "scrapy_banker.extensions.BankerStatsFile": 500,
     "scrapy_banker.extensions.BankerTopicAdjuster": 500,
+    "scrapy_banker.ops.timeseries.BankerTimeseries": 500,
+    "scrapy_banker.ops.metrics.BankerMetrics": 500,
+    "scrapy_banker.ops.progress.BankerProgress": 500,
 }
 
 

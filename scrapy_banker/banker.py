@@ -173,6 +173,14 @@ class BankersState:
     def max_of(self, pid: Hashable) -> dict[str, int]:
         return self.as_dict(self._max[self._row(pid)])
 
+    def need_total(self) -> dict[str, int]:
+        """Every process's need summed (claims minus allocations): what may still be asked.
+
+        For telemetry: rows of finished processes are zero, so one vector sum
+        over the matrix is exact, without a loop over processes.
+        """
+        return self.as_dict((self._max - self._alloc).sum(axis=0))
+
     # -- the algorithm ----------------------------------------------------------------
 
     def request(

@@ -239,6 +239,10 @@ class Frontier(Generic[T]):
         self.unblock_sweeps += 1
         return len(slots)
 
+    def slot_backlog(self, slot: str) -> int:
+        """Items queued for ``slot``, all topics (what telemetry shows per host)."""
+        return self._pending.get(slot, 0)
+
     @property
     def blocked_slots(self) -> int:
         return len(self._blocked)

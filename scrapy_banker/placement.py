@@ -93,6 +93,10 @@ class Estimate:
     #: (nodes, sites) RTT in ms; NaN where neither measured nor predictable.
     rtt_ms: FloatArray
     measured: npt.NDArray[np.bool_]
+    #: GNP coordinates of the nodes and sites the fit placed (empty when no fit
+    #: was needed or possible): kept for the operator's map, not for planning.
+    node_coords: dict[str, list[float]] = field(default_factory=dict)
+    site_coords: dict[str, list[float]] = field(default_factory=dict)
 
 
 def estimate_rtt(obs: Observations, *, dims: int = 3, seed: int = 0) -> Estimate:
@@ -126,6 +130,13 @@ def estimate_rtt(obs: Observations, *, dims: int = 3, seed: int = 0) -> Estimate
         pred = gnp.distances(a.coords, b.coords)
         block = est[np.ix_(rows, cols)]
         est[np.ix_(rows, cols)] = np.where(np.isfinite(block), block, pred)
+        fitted_nodes = [n for n, keep in zip(nodes, rows, strict=True) if keep]
+        fitted_sites = [s for s, keep in zip(sites, cols, strict=True) if keep]
+        return Estimate(
+            nodes, sites, est, measured,
+            dict(zip(fitted_nodes, a.coords.tolist(), strict=True)),
+            dict(zip(fitted_sites, b.coords.tolist(), strict=True)),
+        )  # fmt: skip
     return Estimate(nodes, sites, est, measured)
 
 

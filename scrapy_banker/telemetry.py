@@ -32,6 +32,7 @@ __all__ = [
     "dump_sample",
     "iter_samples",
     "sample_from_dict",
+    "sample_json",
 ]
 
 #: Bumped when a field changes meaning; readers refuse what they do not know.
@@ -128,9 +129,14 @@ class Sample:
         return asdict(self)
 
 
+def sample_json(sample: Sample) -> str:
+    """``sample`` as one compact JSON object: a line of the record, a node's Redis value."""
+    return json.dumps(sample.to_dict(), separators=(",", ":"), sort_keys=True)
+
+
 def dump_sample(sample: Sample, out: IO[str]) -> None:
     """Append ``sample`` as one JSON line (the caller flushes)."""
-    out.write(json.dumps(sample.to_dict(), separators=(",", ":"), sort_keys=True))
+    out.write(sample_json(sample))
     out.write("\n")
 
 

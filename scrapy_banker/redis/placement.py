@@ -34,6 +34,7 @@ from scrapy_banker.netstats import LinkStats, storage_bandwidth
 from scrapy_banker.partitions import Move, PartitionTable
 from scrapy_banker.placement import Observations, PlacementProblem, PlacementResult, strategy
 from scrapy_banker.redis.keys import Keyspace, decode
+from scrapy_banker.telemetry import PlacementSample
 
 if TYPE_CHECKING:
     import redis
@@ -106,6 +107,8 @@ class PlacementAgent:
         self.backlogs: dict[str, float] = {}
         self.backlog_key = self.keyspace.net_backlog
         self.runs = 0
+        #: The map of the latest plan this node made (telemetry); replaced whole.
+        self.latest: PlacementSample | None = None
 
     def rtt_key(self, node: str) -> str:
         return self.keyspace.rtt(node)
@@ -179,6 +182,7 @@ class PlacementAgent:
             return []
         if planned:  # the plan just written to the table
             self._publish_plan(*planned[-1])
+            self.latest = plan_sample(self.config.mode, *planned[-1])
         self.runs += 1
         if moves:
             logger.info("Placement (%s): %d partitions moved", self.config.mode, len(moves))
@@ -276,3 +280,24 @@ class PlacementAgent:
                 self.placed_key, mapping={str(p): repr(c) for p, c in result.placed_costs.items()}
             )
             pipe.execute()
+
+
+def plan_sample(mode: str, problem: PlacementProblem, result: PlacementResult) -> PlacementSample:
+    """The operator's map of one plan: GNP coordinates and site -> node.
+
+    Coordinates come from the plan's own GNP fit when it made one (never a
+    fit made for the picture); sites the plan could not place keep the owner
+    they had.
+    """
+    est = problem.__dict__.get("estimate")  # the cached fit, if the strategy made one
+    nodes: dict[str, list[float]] = {}
+    sites: dict[str, list[float]] = {}
+    if est is not None:
+        nodes = {n: [round(x, 3) for x in xs] for n, xs in est.node_coords.items()}
+        sites = {s: [round(x, 3) for x in xs] for s, xs in est.site_coords.items()}
+    assignment: dict[str, str] = {}
+    for partition, site in problem.observations.sites.items():
+        owner = result.owners.get(partition) or problem.current.get(partition)
+        if owner is not None:
+            assignment[site] = owner
+    return PlacementSample(mode, nodes, sites, assignment)

@@ -36,8 +36,10 @@ from scrapy_banker.redis.connection import redis_cluster_from_settings, redis_fr
 from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.scheduler.sampler import take_sample
 from scrapy_banker.serialize import MalformedPayload, UnserializableRequest
-from scrapy_banker.settings import placement_config, redis_config
+from scrapy_banker.settings import ops_config, placement_config, redis_config
+from scrapy_banker.telemetry import FleetSample, sample_json
 
 if TYPE_CHECKING:
     import redis
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.store import SchedulerParts
     from scrapy_banker.settings import RedisConfig
+    from scrapy_banker.telemetry import PlacementSample
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,11 @@ TRANSIENT_META = (META_LEASE, META_SLOT)
 #: this often (s): a lease held 5 ms longer costs nothing, a scan of every
 #: dispatched request on each of the engine's polls costs CPU.
 ACK_SCAN_INTERVAL_S = 0.005
+#: A node's telemetry key outlives this many sampling intervals (and at least
+#: TELEMETRY_MIN_TTL_S): a node that stops writing disappears from the
+#: operator's view soon after, without any clean-up.
+TELEMETRY_TTL_INTERVALS = 3
+TELEMETRY_MIN_TTL_S = 5.0
 
 
 def lease_of(request: Request, partitions: int) -> LeaseToken | None:
@@ -193,6 +201,15 @@ class RedisLeaseStore:
         self._was_idle = False
         self._seen_work = False
         self._next_ack_scan = 0.0
+        ops = ops_config(self.crawler)
+        self._telemetry_every = ops.timeseries_interval
+        self._telemetry_top = ops.metrics_top_slots
+        self._telemetry_px = int(
+            1000 * max(TELEMETRY_MIN_TTL_S, TELEMETRY_TTL_INTERVALS * ops.timeseries_interval)
+        )
+        self._telemetry_key = self.frontier.keyspace.telemetry(self.node)
+        self._next_telemetry = 0.0
+        self._telemetry_failed = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, parts: SchedulerParts) -> Self:
@@ -474,6 +491,49 @@ class RedisLeaseStore:
             self.placement.tick()
         if self._ticks % 10 == 0:  # a stats collector may itself be in Redis
             self._publish_counters()
+        now = time.monotonic()
+        if now >= self._next_telemetry:
+            self._next_telemetry = now + self._telemetry_every
+            self._publish_telemetry()
+
+    # -- telemetry ----------------------------------------------------------------------
+
+    def telemetry_fleet(self) -> FleetSample:
+        """This node's share of the fleet, from what the reactor thread may read.
+
+        Leases held: dispatched and not acked, leased and not queued yet,
+        queued locally or parked (minus those already given back); the
+        worker's own lease book is its thread's alone.
+        """
+        worker = self.worker
+        gate = self.parts.gate
+        local = len(self.queue) + (len(gate) if gate else 0) - len(self._handed_back)
+        return FleetSample(
+            partitions_owned=len(worker.owned),
+            partitions_total=self.rconfig.partitions,
+            leased=len(self._dispatched) + len(worker.inbound) + max(0, local),
+            pending_ops=worker.pending_ops(),
+            connected=worker.connected,
+        )
+
+    def telemetry_placement(self) -> PlacementSample | None:
+        return None if self.placement is None else self.placement.agent.latest
+
+    def _publish_telemetry(self) -> None:
+        """Hand this node's latest sample to the worker thread, which SETs it with an expiry.
+
+        Never allowed to stop the tick that acks leases: a failure is logged
+        once and the crawl goes on without telemetry.
+        """
+        try:
+            sample = take_sample(self.parts, self, top_slots=self._telemetry_top)
+            value = sample_json(sample)
+        except Exception:
+            if not self._telemetry_failed:
+                self._telemetry_failed = True
+                logger.exception("Could not sample this node's telemetry; the crawl goes on")
+            return
+        self.worker.publish_telemetry(self._telemetry_key, value, self._telemetry_px)
 
     def _publish_counters(self) -> None:
         for name, n in self.worker.take_counters().items():

@@ -192,6 +192,9 @@ class FrontierWorker:
         self._next_beat = 0.0
         self._next_reap = 0.0
         self._registered = False
+        #: The latest telemetry write (key, JSON, expiry in ms), replaced whole
+        #: by the reactor thread; a newer one supersedes an unsent one.
+        self._telemetry: tuple[str, str, int] | None = None
 
     # -- reactor-thread API ---------------------------------------------------------
 
@@ -229,6 +232,16 @@ class FrontierWorker:
         self.want = max(0, want)
         if want > 0:
             self._kick()
+
+    def publish_telemetry(self, key: str, value: str, px_ms: int) -> None:
+        """SET ``key`` to ``value`` (expiring) on the next step; replaces an unsent one.
+
+        Telemetry is not work: it is sent after the step's queue operations,
+        never retried, and dropped if Redis refuses it (the expiry then tells
+        readers the node went quiet).
+        """
+        self._telemetry = (key, value, px_ms)
+        self._kick()
 
     def _kick(self) -> None:
         # Event.set takes a lock and notifies even when the event is set
@@ -334,6 +347,13 @@ class FrontierWorker:
             self._heartbeat()
             self._next_beat = now + self.heartbeat_s
         flushed = self._flush()
+        telemetry = self._telemetry
+        if telemetry is not None:
+            # Taken before the call: a write that fails is dropped, not retried
+            # (the next interval brings a newer one).
+            self._telemetry = None
+            key, value, px_ms = telemetry
+            self.frontier.client.set(key, value, px=px_ms)
         if now >= self._next_reap:
             self._next_reap = now + self.reap_interval_s
             reaped = self.frontier.reap_all(self.node)

@@ -31,9 +31,10 @@ from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.gate import AdmissionGate
 from scrapy_banker.scheduler.queue import LocalQueue
+from scrapy_banker.scheduler.sampler import take_sample
 from scrapy_banker.scheduler.store import MemoryStore, RequestStore, SchedulerParts
 from scrapy_banker.serialize import RequestCodec
-from scrapy_banker.settings import core_config
+from scrapy_banker.settings import core_config, ops_config
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from scrapy_banker.admission import Admission
     from scrapy_banker.directory import ExtendibleDirectory
     from scrapy_banker.frontier import Entry
+    from scrapy_banker.telemetry import Sample
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +103,17 @@ class BankerScheduler(BaseScheduler):
     @property
     def admission(self) -> Admission | None:
         return None if self.gate is None else self.gate.admission
+
+    def sample(self, top_slots: int | None = None) -> Sample:
+        """What this scheduler is doing now, for the operator's view (reactor thread only).
+
+        Once per sampling interval, never per request: see
+        :mod:`scrapy_banker.scheduler.sampler`.  ``top_slots`` defaults to
+        :setting:`BANKER_METRICS_TOP_SLOTS`.
+        """
+        if top_slots is None:
+            top_slots = ops_config(self.crawler).metrics_top_slots
+        return take_sample(self.parts, self.store, top_slots=top_slots)
 
     # -- BaseScheduler contract ---------------------------------------------------
 

@@ -119,6 +119,23 @@ class DownloaderView:
         )
         return max(1, int(per_slot.get("concurrency", default)))
 
+    def slot_load(self, slot_key: str) -> tuple[int, int]:
+        """``(transferring, concurrency)`` of a slot, for telemetry.
+
+        Transfers under way, not :attr:`inflight`: a request handed out may
+        still pass the middlewares or wait in the slot's own queue (see
+        :meth:`is_free`), so only transfers are bounded by the slot's limit.
+        """
+        dl = self.downloader
+        if dl is None:
+            return min(self.inflight.get(slot_key, 0), self.default_concurrency), (
+                self.default_concurrency
+            )
+        slot = dl.slots.get(slot_key)
+        if slot is None:
+            return 0, self._slot_concurrency(slot_key)
+        return len(slot.transferring), int(slot.concurrency)
+
     def dispatched(self, request: Request, slot: str) -> None:
         request.meta[META_SLOT] = slot
         self.inflight[slot] = self.inflight.get(slot, 0) + 1

@@ -1,0 +1,310 @@
+"""``/metrics`` scraped during real crawls and parsed with Prometheus's own parser.
+
+One crawl of the web farm in a ``scrapy`` process of its own, scraped over
+HTTP from this process while it runs and once more while the finished crawl
+is held open (its spider refuses to close until the test says so), so the
+last scrape can be compared with the crawl's final stats exactly.  Then a
+fleet of two real workers on a real redis-server: each live node's telemetry
+key holds its latest sample, and its metrics show its leases.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.test import get_crawler
+
+from scrapy_banker.ops.metrics import BankerMetrics, Snapshot, families
+from scrapy_banker.redis.keys import Keyspace
+from scrapy_banker.telemetry import Sample, SlotSample, TopicSample, sample_from_dict
+from scrapy_banker.testing.fleet import FleetWorker
+from scrapy_banker.testing.redis_server import RedisServer
+from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+
+PER_HOST = 2
+TOP_SLOTS = 3
+INTERVAL = 0.2
+TOPICS = ("news", "archive", "products")
+RULES = [{"url": f"/{t}/", "topic": t} for t in TOPICS]
+
+pytestmark = pytest.mark.timeout(120)
+
+#: A crawl of the farm whose spider stays open once idle until ``release`` exists
+#: (it writes ``idle`` first): the test scrapes the final counts meanwhile.
+HELD_CRAWL = """
+import json, sys
+from pathlib import Path
+from scrapy import signals
+from scrapy.crawler import CrawlerProcess
+from scrapy.exceptions import DontCloseSpider
+from scrapy_banker._engine import looping_call, wake_engine
+from scrapy_banker.testing.fleet import FleetSpider
+from scrapy_banker.testing.resolver import farm_settings
+
+settings, seeds, workdir = json.loads(sys.argv[1]), json.loads(sys.argv[2]), Path(sys.argv[3])
+idle, release = workdir / "idle", workdir / "release"
+
+
+class HeldSpider(FleetSpider):
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider.idle, signal=signals.spider_idle)
+        spider.poke = None
+        return spider
+
+    def idle(self):
+        if release.exists():
+            return
+        idle.touch()
+        if self.poke is None:  # ask again soon, not on the engine's 5 s heartbeat
+            self.poke = looping_call(lambda: wake_engine(self.crawler))
+            self.poke.start(0.1)
+        raise DontCloseSpider
+
+
+process = CrawlerProcess({**farm_settings(), **settings})
+process.crawl(HeldSpider, seeds=seeds)
+process.start()
+"""
+
+
+@pytest.fixture(scope="module")
+def farm() -> Iterator[WebFarm]:
+    # ~500 pages on 12 hosts at 40 ms, 8 at a time: a crawl of a few seconds.
+    with WebFarm(FarmConfig(seed=7, hosts=12, total_pages=500, latency_ms=40.0)) as f:
+        yield f
+
+
+def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """``{sample name: {labels: value}}`` of one scrape, through Prometheus's parser."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode("utf-8")
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def _by(metric: dict[tuple[tuple[str, str], ...], float], label: str) -> dict[str, float]:
+    return {dict(labels)[label]: value for labels, value in metric.items()}
+
+
+def _metrics_url(log: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text("utf-8", errors="replace") if log.exists() else ""
+        found = re.search(r"Prometheus metrics on (http://\S+/metrics)", text)
+        if found:
+            return found.group(1)
+        assert proc.poll() is None, f"the crawl ended before serving metrics:\n{text[-3000:]}"
+        time.sleep(0.05)
+    raise AssertionError("no metrics URL in the log")
+
+
+@pytest.mark.slow
+def test_metrics_scraped_during_a_crawl_match_its_final_stats(
+    farm: WebFarm, tmp_path: Path
+) -> None:
+    farm.reset()
+    log, stats_file = tmp_path / "crawl.log", tmp_path / "stats.json"
+    settings = {
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "BANKER_TOPIC_RULES": RULES,
+        "BANKER_METRICS_PORT": 0,
+        "BANKER_METRICS_TOP_SLOTS": TOP_SLOTS,
+        "BANKER_TIMESERIES_INTERVAL": INTERVAL,
+        "BANKER_STATS_FILE": str(stats_file),
+        "CONCURRENT_REQUESTS": 8,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
+        "LOG_FILE": str(log),
+        "LOG_LEVEL": "INFO",
+        "TELNETCONSOLE_ENABLED": False,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HELD_CRAWL, json.dumps(settings),
+         json.dumps(farm.start_urls()), str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        url = _metrics_url(log, proc)
+        assert url.startswith("http://127.0.0.1:")  # localhost unless told otherwise
+        during = []
+        while not (tmp_path / "idle").exists():
+            assert proc.poll() is None, log.read_text("utf-8")[-3000:]
+            during.append(_scrape(url))
+            time.sleep(INTERVAL)
+        time.sleep(3 * INTERVAL)  # the crawl is over: let a sample see the final counts
+        final = _scrape(url)
+        (tmp_path / "release").touch()
+        code = proc.wait(timeout=60)
+        assert code == 0, proc.stderr.read().decode()[-3000:] if proc.stderr else code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stats = json.loads(stats_file.read_text("utf-8"))
+
+    # Pages per topic grow during the crawl and never go back (a counter).
+    totals = [sum(s.get("banker_pages_total", {}).values()) for s in during]
+    assert len(totals) >= 3, f"too few scrapes while the crawl ran: {totals}"
+    assert totals[-1] > totals[0], totals
+    assert all(a <= b for a, b in itertools.pairwise(totals)), totals
+    for before, after in itertools.pairwise(during):
+        pages_before = _by(before.get("banker_pages_total", {}), "topic")
+        pages_after = _by(after.get("banker_pages_total", {}), "topic")
+        assert all(pages_after.get(t, 0) >= n for t, n in pages_before.items())
+
+    # The held, finished crawl: its metrics are its final stats.
+    pages = _by(final["banker_pages_total"], "topic")
+    assert set(TOPICS) <= set(pages)
+    for topic, n in pages.items():
+        assert n == stats.get(f"banker/topic/{topic}/responses", 0), topic
+    assert sum(pages.values()) == stats["downloader/response_count"] == len(farm.expected_urls())
+    assert set(_by(final["banker_queue_depth"], "topic")) == set(pages)
+    assert sum(_by(final["banker_queue_depth"], "topic").values()) == 0
+    assert final["banker_inflight"][()] == 0
+    assert _by(final["banker_dead_letters_total"], "reason") == {
+        "malformed": 0, "max_deliveries": 0, "unserializable": 0,
+    }  # fmt: skip
+    deferred = _by(final["banker_admission_deferred_total"], "reason")
+    assert deferred == {"unsafe": 0, "insufficient": 0}  # no BANKER_RESOURCES
+    assert "banker_leases_in_flight" not in final  # one process: no fleet
+
+    # Per-slot series: only the busiest few, never above the per-host limit.
+    slot_series = [s.get("banker_slot_inflight", {}) for s in during]
+    assert any(slot_series), "no scrape saw a slot with transfers"
+    for series in slot_series:
+        assert len(series) <= TOP_SLOTS
+        assert all(0 <= v <= PER_HOST for v in series.values())
+    limits = [v for s in during for v in s.get("banker_slot_limit", {}).values()]
+    assert limits and set(limits) == {PER_HOST}
+    assert any(s.get("banker_inflight", {}).get((), 0) > 0 for s in during)
+
+
+# -- a fleet ------------------------------------------------------------------------------
+
+
+def _fleet_settings(server: RedisServer, node: str, log: Path) -> dict[str, Any]:
+    return {
+        "SCHEDULER": "scrapy_banker.redis.scheduler.BankerRedisScheduler",
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "REDIS_URL": server.url,
+        "BANKER_REDIS_NODE_ID": node,
+        "BANKER_REDIS_PARTITIONS": 64,
+        "BANKER_REDIS_IDLE_BEFORE_CLOSE": 1.0,
+        "BANKER_REDIS_HEARTBEAT": 0.5,
+        "BANKER_TOPIC_RULES": RULES,
+        "BANKER_METRICS_PORT": 0,
+        "BANKER_TIMESERIES_INTERVAL": INTERVAL,
+        "CONCURRENT_REQUESTS": 8,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
+        "LOG_FILE": str(log),
+    }
+
+
+@pytest.mark.slow
+def test_each_fleet_node_publishes_its_sample_and_serves_its_leases(
+    farm: WebFarm, redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    farm.reset()
+    names = ("n0", "n1")
+    workers = [
+        FleetWorker(
+            name,
+            tmp_path,
+            {
+                "settings": _fleet_settings(redis_server, name, tmp_path / f"{name}.log"),
+                "seeds": farm.start_urls(),
+            },
+        )
+        for name in names
+    ]
+    keyspace = Keyspace("banker:fleet", 64)
+    try:
+        urls = {w.name: _metrics_url(w.log_path, w.proc) for w in workers}
+        published: dict[str, list[Sample]] = {name: [] for name in names}
+        leases: dict[str, list[float]] = {name: [] for name in names}
+        while all(w.proc.poll() is None for w in workers):
+            for w in workers:
+                raw = redis_client.get(keyspace.telemetry(w.name))
+                if raw is not None:
+                    published[w.name].append(sample_from_dict(json.loads(raw)))
+                    ttl = redis_client.pttl(keyspace.telemetry(w.name))
+                    assert 0 < ttl <= 5000, ttl  # expires by itself, at least 5 s
+                try:
+                    scraped = _scrape(urls[w.name])
+                except OSError:
+                    continue  # closing: its server just stopped
+                if "banker_leases_in_flight" in scraped:
+                    leases[w.name].append(scraped["banker_leases_in_flight"][()])
+                    assert scraped["banker_partitions_total"][()] == 64
+            time.sleep(INTERVAL)
+        for w in workers:
+            assert w.wait(60) == 0, w.log_tail()
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.kill()
+    assert sum(w.stats()["downloader/response_count"] for w in workers) == len(farm.expected_urls())
+    for name in names:
+        samples = published[name]
+        assert samples, f"node {name} published no telemetry"
+        assert {s.node for s in samples} == {name}
+        assert all(s.fleet is not None and s.fleet.partitions_total == 64 for s in samples)
+        assert any(s.fleet is not None and s.fleet.partitions_owned > 0 for s in samples)
+        assert all(s.fleet is not None and s.fleet.connected for s in samples)
+        assert set(TOPICS) <= set(samples[-1].topics)
+        assert [s.pages for s in samples] == sorted(s.pages for s in samples)
+        assert leases[name], f"node {name}: no banker_leases_in_flight in its metrics"
+    # Leases were held while the crawl ran, on some node at some scrape.
+    assert max(max(v) for v in leases.values()) > 0
+
+
+# -- the collector on its own -------------------------------------------------------------
+
+
+def test_families_follow_the_sample_and_bound_slot_series() -> None:
+    sample = Sample(
+        t=10.0, node="solo", pages=7, queued=3, inflight=2,
+        topics={"news": TopicSample(5, 1, 2, 1.0), "archive": TopicSample(2, 2, 0, 0.5)},
+        slots=(SlotSample("a.test", 2, 2, 4),),
+    )  # fmt: skip
+    snap = Snapshot(sample, {"malformed": 1}, {"unsafe": 2})
+    text = "".join(
+        f"{s.name} {sorted(s.labels.items())} {s.value}\n"
+        for family in families(snap)
+        for s in family.samples
+    )
+    assert "banker_pages_total [('topic', 'news')] 5" in text
+    assert "banker_queue_depth [('topic', 'archive')] 2" in text
+    assert "banker_slot_inflight [('slot', 'a.test')] 2" in text
+    assert "banker_dead_letters_total [('reason', 'malformed')] 1" in text
+    assert "banker_admission_deferred_total [('reason', 'unsafe')] 2" in text
+    assert "banker_resource_available" not in text  # no BANKER_RESOURCES: no Banker series
+
+
+def test_metrics_are_off_by_default_and_with_a_foreign_scheduler() -> None:
+    with pytest.raises(NotConfigured) as off:
+        BankerMetrics.from_crawler(get_crawler(settings_dict={}))
+    assert not off.value.args
+    crawler = get_crawler(
+        settings_dict={"BANKER_METRICS_PORT": 0, "SCHEDULER": "scrapy.core.scheduler.Scheduler"}
+    )
+    with pytest.raises(NotConfigured) as foreign:
+        BankerMetrics.from_crawler(crawler)
+    assert not foreign.value.args

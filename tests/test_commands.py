@@ -220,7 +220,12 @@ def test_live_fleet_status_explain_and_assign_dry_run(fleet: Fleet) -> None:
     assert explain["partition"] == explain["key_hash"] % PARTITIONS
     assert explain["owner"] in nodes and explain["owner_alive"] is True
     assert explain["topic"] == "default" and explain["topic_source"] == "stored request"
-    assert explain["waiting"].startswith(f"it is leased to {explain['owner']}")
+    (copy,) = explain["copies"]
+    if copy["epoch"] == explain["owner_epoch"]:
+        assert explain["waiting"].startswith(f"it is leased to {explain['owner']}")
+    else:  # leased before its partition moved: the new owner waits (BUSY)
+        assert explain["waiting"].startswith(f"it was leased at epoch {copy['epoch']}")
+        assert status["table"]["handover"] == 1
     # A fetched page: seen, nothing left of it.
     fetched = fleet.farm.url(1, "/")
     done = _ok(_banker("explain", fetched, *fleet.args("--json")))

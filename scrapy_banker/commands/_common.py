@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -227,4 +228,8 @@ def console() -> Console:
     """Rich on a terminal, plain text in a pipe (Rich detects which)."""
     from rich.console import Console
 
-    return Console(force_terminal=None, highlight=False, soft_wrap=False)
+    out = Console(force_terminal=None, highlight=False, soft_wrap=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        # A pipe has no width: wide rows grep better than rows wrapped at 80.
+        out = Console(force_terminal=None, highlight=False, soft_wrap=False, width=160)
+    return out

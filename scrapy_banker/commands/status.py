@@ -116,10 +116,13 @@ def _print_fleet(fleet: FleetView) -> None:
         + (f"; {fleet.rebalancing} is rebalancing now" if fleet.rebalancing else "")
     )
     reaper = fleet.reaper
-    out.print(
-        f"Reaper: {reaper.expired_leases} expired leases waiting"
-        + (f"; a round is running on {reaper.running_on}" if reaper.running_on else "")
-    )
+    live_names = {n.name for n in fleet.live_nodes}
+    running = ""
+    if reaper.running_on in live_names:
+        running = f"; a round is running on {reaper.running_on}"
+    elif reaper.running_on:
+        running = f"; its lock is still held by {reaper.running_on} (not live: it expires)"
+    out.print(f"Reaper: {reaper.expired_leases} expired leases waiting{running}")
     nodes = Table(title="Nodes")
     for name in ("node", "live", "heartbeat", "capacity", "partitions", "queued", "leased",
                  "dead", "in flight", "pages"):  # fmt: skip

@@ -705,6 +705,8 @@ class Copy:
     reason: str | None = None
     #: What its payload says (topic, callback...).
     payload: PayloadInfo | None = None
+    #: Leased: the partition epoch it was leased under (its owner then).
+    epoch: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -714,6 +716,7 @@ class Copy:
             "deliveries": self.deliveries,
             "expires_in_s": _round(self.expires_in_s),
             "reason": self.reason,
+            "epoch": self.epoch,
             "topic": None if self.payload is None else self.payload.topic,
             "callback": None if self.payload is None else self.payload.callback,
         }
@@ -794,6 +797,8 @@ def _find_copies(
             pipe.hget(k.payloads, i)
         for i in ids:
             pipe.hget(k.meta, f"d:{i}")  # deliveries, as pop.lua counts them
+        for i, _ in leased:
+            pipe.hget(k.meta, f"e:{i}")  # the epoch it was leased under (pop.lua)
         for i in queued:
             pipe.zrank(k.queue, i)
         answers = pipe.execute()
@@ -802,14 +807,15 @@ def _find_copies(
             payloads[i] = describe_payload(None if raw is None else decode(raw, lossy=True), codec)
             d = answers[len(ids) + n]
             deliveries[i] = int(decode(d)) if d is not None else 0
-        ranks = answers[2 * len(ids) :]
+        epochs = answers[2 * len(ids) : 2 * len(ids) + len(leased)]
+        ranks = answers[2 * len(ids) + len(leased) :]
         for i, rank in zip(queued, ranks, strict=True):
             found.append(Copy(i, "queued", ahead=None if rank is None else int(rank),
                               deliveries=deliveries[i], payload=payloads[i]))  # fmt: skip
-        for i, score in leased:
+        for (i, score), epoch in zip(leased, epochs, strict=True):
             found.append(Copy(i, "leased", deliveries=deliveries[i],
-                              expires_in_s=(float(score) - now_ms) / 1000,
-                              payload=payloads[i]))  # fmt: skip
+                              expires_in_s=(float(score) - now_ms) / 1000, payload=payloads[i],
+                              epoch=None if epoch is None else int(decode(epoch))))  # fmt: skip
     prefix = f"{fingerprint}:"
     for index, raw in enumerate(client.lrange(k.dead, 0, -1)):
         letter = _letter(partition, index, raw, codec)
@@ -875,6 +881,8 @@ def _why_waiting(
     topic: str,
     priority: Callable[[str], int],
     leased_in_partition: int,
+    owner_epoch: int,
+    holder: str | None,
 ) -> str | None:
     """One sentence from the state just read, most decisive reason first."""
     if copy.state == "dead":
@@ -889,9 +897,16 @@ def _why_waiting(
                 f"its lease expired {-left:.1f} s ago (delivery {copy.deliveries}): the "
                 "reaper's next round gives it back to the queue or dead-letters it"
             )
+        if copy.epoch is not None and copy.epoch != owner_epoch:
+            return (
+                f"it was leased at epoch {copy.epoch}, before partition {partition} moved to "
+                f"{owner} (epoch {owner_epoch}): {holder or 'the previous owner'} is fetching "
+                f"it, and {owner} pops nothing from the partition until it is acked or the "
+                f"lease expires (in {left:.1f} s unless renewed)"
+            )
         return (
-            f"it is leased to {owner or 'a previous owner'} (delivery {copy.deliveries}), "
-            f"being fetched or buffered there; the lease expires in {left:.1f} s unless renewed"
+            f"it is leased to {owner} (delivery {copy.deliveries}), being fetched or "
+            f"buffered there; the lease expires in {left:.1f} s unless renewed"
         )
     if owner is None:
         return f"partition {partition} has no owner: no live worker has taken it (none running?)"
@@ -980,8 +995,18 @@ def explain_url(
     busy = handover_waits(client, keyspace, table, [
         leased_now if p == partition else 0 for p in range(keyspace.partitions)
     ]).get(partition, 0)  # fmt: skip
-    samples = _telemetry(client, keyspace, [owner]) if owner is not None else {}
+    beats: Any = client.zrange(keyspace.heartbeats, 0, -1)
+    samples = _telemetry(
+        client, keyspace, sorted({decode(n) for n in beats} | {owner or ""} - {""})
+    )
     sample = samples.get(owner) if owner is not None else None
+    # Who holds a lease taken before a hand-over: the node whose telemetry
+    # shows a request in flight in the URL's slot (None if nobody says so).
+    holder = next(
+        (n for n, sm in sorted(samples.items())
+         if n != owner and any(s.slot == c.slot and s.inflight for s in sm.slots)),
+        None,
+    )  # fmt: skip
     state = "unknown"
     waiting: str | None = None
     for wanted in ("leased", "queued", "dead"):
@@ -1001,6 +1026,8 @@ def explain_url(
                 topic=topic,
                 priority=config.topic_priority,
                 leased_in_partition=leased_now,
+                owner_epoch=table.epochs[partition],
+                holder=holder,
             )
             break
     if state == "unknown" and seen:

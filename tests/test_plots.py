@@ -152,6 +152,18 @@ def test_charts_without_banker_or_placement_data_are_skipped_with_the_reason(
         assert_real_chart(path)
 
 
+def test_gnp_map_uses_the_newest_plan_with_coordinates(tmp_path: Path) -> None:
+    samples = build_samples(seconds=3)
+    mapped = samples[-1].placement
+    assert mapped is not None
+    unmapped = PlacementSample("topk", {}, {}, {"h0000.farm.test": "worker-a"})
+    later = Sample(samples[-1].t + 1, "worker-a", 0, 0, 0, placement=unmapped)
+    assert plot_samples([*samples, later], tmp_path).skipped == []
+    assert_real_chart(tmp_path / "gnp_map.png")
+    result = plot_samples([later], tmp_path)
+    assert "no placement plan has GNP coordinates" in dict(result.skipped)["gnp_map.png"]
+
+
 def test_one_sample_still_plots(tmp_path: Path) -> None:
     result = plot_samples(build_samples(seconds=1, nodes=("solo",)), tmp_path)
     assert len(result.written) == 4
@@ -176,6 +188,14 @@ def test_fleet_figures_are_summed_over_nodes_with_restarts_carried_over() -> Non
     centres, rate = tl.rate(lambda s: s.pages)
     assert list(centres) == [1.125, 3.375]  # two bins of >= 2 sampling intervals
     assert rate.sum() * (centres[1] - centres[0]) == pytest.approx(pages[-1] - pages[0])
+
+
+def test_a_topic_not_reported_yet_counts_zero_not_its_first_value() -> None:
+    topic = {"news": TopicSample(7, 0, 0, 1.0)}
+    samples = [Sample(T0 + i, "a", 7, 0, 0, topic if i >= 2 else {}) for i in range(4)]
+    tl = _Timeline(samples)
+    news = tl.counter(lambda s: None if "news" not in s.topics else s.topics["news"].pages)
+    assert list(news) == [0, 0, 7, 7]
 
 
 def test_read_samples_merges_files_and_reports_bad_lines(tmp_path: Path) -> None:

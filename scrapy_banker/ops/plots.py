@@ -177,13 +177,17 @@ class _Timeline:
 
         A counter that goes down means the node restarted and counts from 0
         again: what it had counted before is carried over, so the fleet's
-        total never goes backwards.
+        total never goes backwards.  A counter the node does not report yet
+        (a topic whose first request it has not seen) is 0 until it does; one
+        it stops reporting keeps its last value.
         """
         at = self.grid if at is None else at
+        values = [get(s) for s in self.samples[node]]
+        first = next((i for i, value in enumerate(values) if value is not None), len(values))
         pairs = [
-            (when, value)
-            for when, s in zip(self.times[node], self.samples[node], strict=True)
-            if (value := get(s)) is not None
+            (when, 0.0 if i < first else value)
+            for i, (when, value) in enumerate(zip(self.times[node], values, strict=True))
+            if i < first or value is not None
         ]
         if not pairs:
             return np.zeros(len(at))
@@ -363,7 +367,7 @@ def _active_downloads(mpl: Any, tl: _Timeline, path: Path) -> None:
         for node in tl.nodes:
             values = tl.node_gauge(node, lambda s: s.inflight)
             total_ax.plot(tl.grid, values, drawstyle="steps-post", color=node_colours[node],
-                          linewidth=1.3, label=node)  # fmt: skip
+                          linewidth=1.6, label=node)  # fmt: skip
     total_ax.set_title("downloads in flight", loc="left", fontsize=11)
     _style(total_ax, "requests in flight")
     total_ax.set_xlim(0, max(tl.span, tl.step))
@@ -374,24 +378,30 @@ def _active_downloads(mpl: Any, tl: _Timeline, path: Path) -> None:
         rows = math.ceil(len(top) / cols)
         lower.suptitle(
             f"the {len(top)} busiest download slots: in flight (filled) vs their limit (dashed)"
-            + ("" if single else ", coloured by the node that fetched them"),
+            + ("" if single else ", stacked by the node that fetched them"),
             x=0.01, ha="left", fontsize=11,
         )  # fmt: skip
         axes = lower.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
         top_limit = max(limits[name] for name in top)
         for i, name in enumerate(top):
             ax = axes[i]
-            owner = max(reporters[name], key=lambda n: (reporters[name][n], n))
-            colour = "#4c72b0" if single else node_colours[owner]
-            values = np.zeros(len(tl.grid))
-            for node in tl.nodes:
-                values += np.nan_to_num(tl.node_gauge(node, _slot_inflight(name)))
-            ax.fill_between(tl.grid, values, step="post", color=colour, alpha=0.35, linewidth=0)
-            ax.plot(tl.grid, values, drawstyle="steps-post", color=colour, linewidth=1.0,
+            # In a fleet a host moves between nodes (rebalance, placement):
+            # each node's share is stacked in its colour, so a hand-over shows
+            # as a change of colour -- and the few samples where both nodes
+            # still report it (their clocks differ) as two colours at once.
+            owners = sorted(reporters[name], key=lambda n: (-reporters[name][n], n))
+            base = np.zeros(len(tl.grid))
+            for node in sorted(reporters[name]):
+                share = np.nan_to_num(tl.node_gauge(node, _slot_inflight(name)))
+                colour = "#4c72b0" if single else node_colours[node]
+                ax.fill_between(tl.grid, base, base + share, step="post", color=colour,
+                                alpha=0.4, linewidth=0)  # fmt: skip
+                base = base + share
+            ax.plot(tl.grid, base, drawstyle="steps-post", color="#333333", linewidth=0.8,
                     marker=_marker(tl))  # fmt: skip
             ax.axhline(limits[name], color="#c44e52", linestyle="--", linewidth=1.6)
             ax.set_title(
-                f"{name}  (limit {limits[name]})" + ("" if single else f"  · {owner}"),
+                f"{name}  (limit {limits[name]})" + ("" if single else f"  · {', '.join(owners)}"),
                 loc="left", fontsize=9.5,
             )  # fmt: skip
             _style(ax, "in flight" if i % cols == 0 else "", xlabel=i // cols == rows - 1)
@@ -484,16 +494,17 @@ def _banker_value(field_name: str, resource: str) -> Callable[[Sample], float | 
 
 
 def _gnp_map(mpl: Any, tl: _Timeline, path: Path) -> str | None:
-    latest = None
-    for ss in tl.samples.values():
-        for s in ss:
-            if s.placement is not None and (latest is None or s.t >= latest.t):
-                latest = s
-    if latest is None or latest.placement is None:
+    planned = [s for ss in tl.samples.values() for s in ss if s.placement is not None]
+    if not planned:
         return "no sample carries a placement plan (BANKER_PLACEMENT is 'hash', or no plan yet)"
+    # The newest plan that has a map: a strategy that made no GNP fit (nothing
+    # measured yet) publishes its assignment without coordinates.
+    mapped = [s for s in planned if s.placement is not None and s.placement.sites]
+    if not mapped:
+        return "no placement plan has GNP coordinates (no fit made yet: too few measurements)"
+    latest = max(mapped, key=lambda s: s.t)
     plan = latest.placement
-    if not plan.nodes and not plan.sites:
-        return "the latest placement plan has no GNP coordinates yet"
+    assert plan is not None
     from matplotlib.collections import LineCollection
 
     def xy(coords: list[float]) -> tuple[float, float]:
@@ -502,12 +513,16 @@ def _gnp_map(mpl: Any, tl: _Timeline, path: Path) -> str | None:
     dims = max((len(c) for c in [*plan.nodes.values(), *plan.sites.values()]), default=0)
     owners = sorted(set(plan.nodes) | set(plan.assignment.values()))
     colours = dict(zip(owners, _palette(mpl, "Dark2", len(owners)), strict=True))
+    placed = set(plan.assignment) | set(plan.sites)
+    # Sites placed without coordinates (not measured, or added after the
+    # fit) count in the legend but cannot be drawn: say how many are drawn.
+    drawn = "" if len(plan.sites) == len(placed) else f" ({len(plan.sites)} on the map)"
+    space = "2-D coordinates" if dims <= 2 else f"first 2 of {dims} coordinates"
     fig = _figure(
         mpl,
         f"GNP map and assignment (placement: {plan.mode})",
-        f"{len(plan.sites)} sites on {len(plan.nodes)} nodes · "
-        f"plan of t = {latest.t - tl.t0:.0f} s "
-        f"from node {latest.node} · first {min(dims, 2)} of {dims} coordinates; "
+        f"{len(placed)} sites{drawn} on {len(owners)} nodes · plan of t = "
+        f"{latest.t - tl.t0:.0f} s from node {latest.node} · {space}, "
         "distance ≈ predicted RTT (ms)",
     )
     ax = fig.add_subplot(1, 1, 1)

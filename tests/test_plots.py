@@ -230,19 +230,6 @@ def _banker(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def _subcommands_present() -> bool:
-    from scrapy_banker.commands.banker import SUBCOMMANDS
-
-    return all((ROOT / "scrapy_banker" / "commands" / f"{n}.py").exists() for n in SUBCOMMANDS)
-
-
-needs_every_subcommand = pytest.mark.skipif(
-    not _subcommands_present(),
-    reason="scrapy banker builds its parser from every subcommand module; some are missing",
-)
-
-
-@needs_every_subcommand
 def test_plot_command_writes_the_pngs_of_two_node_files(tmp_path: Path) -> None:
     samples = build_samples()
     a = _write(tmp_path / "a.jsonl", [s for s in samples if s.node == "worker-a"], '{"bad')
@@ -258,7 +245,6 @@ def test_plot_command_writes_the_pngs_of_two_node_files(tmp_path: Path) -> None:
     assert len(warnings) == 1 and "skipped 1 line" in warnings[0], proc.stderr
 
 
-@needs_every_subcommand
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -283,7 +269,7 @@ def test_plot_command_bad_input_is_one_line_and_exit_2(
 
 
 def test_plot_run_reads_the_configured_file_and_refuses_bad_input(tmp_path: Path) -> None:
-    """The subcommand's ``run`` directly (also while sibling subcommands are being written)."""
+    """The subcommand's ``run`` directly: the project's file by default, and its errors."""
     from scrapy.settings import Settings
 
     from scrapy_banker.commands import plot
@@ -373,19 +359,7 @@ process.start()
 """
 
 
-def _timeseries_extension_present() -> bool:
-    return (ROOT / "scrapy_banker" / "ops" / "timeseries.py").exists()
-
-
-needs_timeseries = pytest.mark.skipif(
-    not _timeseries_extension_present(),
-    reason="the BankerTimeseries extension (scrapy_banker.ops.timeseries) is not there yet",
-)
-
-
 @pytest.mark.slow
-@needs_timeseries
-@needs_every_subcommand
 def test_demo_project_crawl_records_a_time_series_that_plots(tmp_path: Path) -> None:
     """``scrapy crawl farm`` with BANKER_TIMESERIES_FILE, then ``scrapy banker plot``."""
     from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
@@ -419,8 +393,6 @@ def test_demo_project_crawl_records_a_time_series_that_plots(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@needs_timeseries
-@needs_every_subcommand
 def test_crawl_with_banker_admission_plots_its_allocation(tmp_path: Path) -> None:
     from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
@@ -449,8 +421,6 @@ def test_crawl_with_banker_admission_plots_its_allocation(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-@needs_timeseries
-@needs_every_subcommand
 def test_demo_writes_its_plots_and_says_where(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "example_project" / "run_demo.py"), "--hosts", "4",

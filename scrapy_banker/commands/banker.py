@@ -46,7 +46,7 @@ class Command(ScrapyCommand):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
-        sub = parser.add_subparsers(dest="banker_command", metavar="SUBCOMMAND")
+        sub = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
         for name in SUBCOMMANDS:
             module = _module(name)
             child = sub.add_parser(name, help=module.HELP, description=module.HELP)
@@ -55,7 +55,7 @@ class Command(ScrapyCommand):
             module.add_arguments(child)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        name = getattr(opts, "banker_command", None)
+        name = getattr(opts, "subcommand", None)
         if name is None:
             sys.stderr.write(
                 f"scrapy banker: name a subcommand: {', '.join(SUBCOMMANDS)} "

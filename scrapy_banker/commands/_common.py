@@ -82,10 +82,13 @@ def _project_spiders(settings: BaseSettings) -> list[str] | None:
     """Spider names of the current project (None outside a project)."""
     if not settings.getlist("SPIDER_MODULES"):
         return None
-    from scrapy.spiderloader import get_spider_loader
+    from scrapy.utils.misc import load_object
 
     try:
-        return sorted(get_spider_loader(settings).list())
+        # What scrapy.spiderloader.get_spider_loader (Scrapy >= 2.14) does;
+        # spelled out so Scrapy 2.13 works too.
+        loader = load_object(settings["SPIDER_LOADER_CLASS"]).from_settings(settings.frozencopy())
+        return sorted(loader.list())
     except Exception as exc:  # a broken project: say so instead of a traceback
         raise CommandError(f"cannot load the project's spiders: {exc}") from None
 

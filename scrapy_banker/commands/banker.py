@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from scrapy.commands import ScrapyCommand
+from scrapy.settings import SETTINGS_PRIORITIES
 
 from scrapy_banker.commands import CommandError
 
@@ -53,6 +54,15 @@ class Command(ScrapyCommand):
             # Scrapy's global options (-s, -L, …) also after the subcommand.
             ScrapyCommand.add_options(self, child)
             module.add_arguments(child)
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        super().process_options(args, opts)
+        assert self.settings is not None
+        # A project's LOG_LEVEL (often INFO) outranks default_settings; Scrapy
+        # 2.13 builds a CrawlerProcess for every command, whose start-up lines
+        # would bury a one-line answer.  Only -L / -s LOG_LEVEL=... change it.
+        if (self.settings.getpriority("LOG_LEVEL") or 0) < SETTINGS_PRIORITIES["cmdline"]:
+            self.settings.set("LOG_LEVEL", "WARNING", priority="cmdline")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         name = getattr(opts, "subcommand", None)

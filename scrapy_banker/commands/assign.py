@@ -122,7 +122,7 @@ def _planner(
     )
 
     def change(table: PartitionTable, live: dict[str, float]) -> list[Move]:
-        problem, result = agent._plan(table, live)
+        problem, result = agent.plan(table, live)
         costs["placed_cost"] = sum(result.placed_costs.values())
         costs["placed"] = len(result.placed_costs)
         costs["sites"] = len(problem.observations.sites)

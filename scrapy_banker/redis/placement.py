@@ -170,7 +170,7 @@ class PlacementAgent:
         planned: list[tuple[PlacementProblem, PlacementResult]] = []
 
         def change(table: PartitionTable, live: dict[str, float]) -> list[Move]:
-            problem, result = self._plan(table, live)
+            problem, result = self.plan(table, live)
             planned.append((problem, result))
             return table.assign({p: result.owners[p] for p in result.moves})
 
@@ -240,10 +240,14 @@ class PlacementAgent:
         bs = _floats(client.hgetall(self.bs_key))
         return Observations(dict(live), sites, rtt, bw, bs)
 
-    def _plan(
+    def plan(
         self, table: PartitionTable, live: Mapping[str, float]
     ) -> tuple[PlacementProblem, PlacementResult]:
-        """Read this round's problem from Redis and the table, and solve it; writes nothing."""
+        """Read this round's problem from Redis and the table, and solve it; writes nothing.
+
+        Public for ``scrapy banker assign``, which shows the plan a beat would
+        apply without applying it.
+        """
         obs = self.observations(live)
         valid = {p: s for p, s in obs.sites.items() if 0 <= p < table.size}
         obs = Observations(obs.capacities, valid, obs.rtt_ms, obs.bw_Bps, obs.storage_Bps)

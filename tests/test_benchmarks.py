@@ -215,3 +215,54 @@ def test_distributed_tiny_fleet_crawls_everything_politely() -> None:
     for name, run in result["runs"].items():
         assert run["exit_codes"] == [0] * run["workers"], name
         assert run["pages"] >= run["expected"] > 0, name
+
+
+@pytest.mark.slow
+def test_redis_scale_tiny_reports_every_key() -> None:
+    result = _run("redis_scale.py", "--tiny", timeout=180)
+    sizes = list(result["by_size"])  # the per-size key suffixes: "1e3", "4000"
+    assert sizes == ["1e3", "4000"]
+    for key in (
+        "bytes_per_queued_request_banker",
+        "bytes_per_queued_request_scrapy_redis",
+        "bytes_per_seen_url_set",
+        "bytes_per_seen_url_scrapy_redis",
+        "enqueue_per_s_banker",
+        "enqueue_per_s_scrapy_redis",
+        "pop_ack_per_s_banker",
+        "pop_per_s_scrapy_redis",
+        "enqueue_rate_flatness_banker",
+        "pop_rate_flatness_banker",
+        "enqueue_speedup_vs_scrapy_redis_min",
+        "pop_speedup_vs_scrapy_redis_min",
+        "queued_bytes_ratio_vs_scrapy_redis",
+    ):
+        assert _positive(result[key]), (key, result[key])
+    for size in sizes:
+        for key in (
+            "bytes_per_queued_request_banker",
+            "enqueue_per_s_banker",
+            "enqueue_per_s_scrapy_redis",
+            "pop_ack_per_s_banker",
+            "pop_per_s_scrapy_redis",
+            "enqueue_speedup_vs_scrapy_redis",
+            "pop_speedup_vs_scrapy_redis",
+        ):
+            assert _positive(result[f"{key}_{size}"]), (key, size)
+        rows = result["by_size"][size]
+        assert rows["banker"]["refused_as_seen"] == 0
+        assert rows["scrapy_redis"]["refused_as_seen"] == 0
+    assert result["enqueue_rate_flatness_banker"] >= 1.0
+    assert result["bloom_target_fp_rate"] == 0.001
+    # Bloom figures exist once BANKER_DEDUP does, else they are null with the reason.
+    if result["bloom_note"] is None:
+        assert _positive(result["bytes_per_seen_url_bloom"])
+        rate = result["bloom_measured_fp_rate"]
+        assert isinstance(rate, float) and 0.0 <= rate <= 1.0
+        assert result["bloom_fp_tests"]["lua_hosts"]["tested"] > 0
+    else:
+        assert result["bytes_per_seen_url_bloom"] is None
+        assert result["bloom_measured_fp_rate"] is None
+    for name, verdict in result["targets"].items():
+        assert verdict["met"] in (True, False, None), name
+        assert verdict["met"] is None or isinstance(verdict["value"], (int, float)), name

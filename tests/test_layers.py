@@ -41,6 +41,7 @@ CORES = (
     "placement",
     "meta",
     "telemetry",
+    "fleetmodel",
 )
 
 _PROBE = """

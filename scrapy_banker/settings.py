@@ -446,6 +446,14 @@ def _redis_buffer(name: str, value: Any, ctx: Context) -> int:
     return _as_positive_int(name, value)
 
 
+def _dedup_error(name: str, value: Any, ctx: Context) -> float:
+    """A Bloom filter's target false-positive rate: above 0.5 it filters nothing useful."""
+    number = _as_float(name, value, 0.0)
+    if number >= 0.5:
+        raise _bad(name, value, "expected a false-positive rate in (0, 0.5), e.g. 0.001")
+    return number
+
+
 def _probe_path(name: str, value: Any, ctx: Context) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise _bad(name, value, "expected a path starting with '/'")
@@ -557,6 +565,11 @@ class RedisConfig:
     flush_on_start: bool = setting("BANKER_REDIS_FLUSH_ON_START", False, boolean, group="redis")
     steal: bool = setting("BANKER_REDIS_STEAL", True, boolean, group="redis")
     seen_cache: int = setting("BANKER_REDIS_SEEN_CACHE", 100_000, int_at_least(0), group="redis")
+    dedup: str = setting("BANKER_DEDUP", "set", one_of("set", "bloom"), group="redis")
+    dedup_capacity: int = setting(
+        "BANKER_DEDUP_CAPACITY", 100_000_000, int_at_least(1), group="redis"
+    )
+    dedup_error: float = setting("BANKER_DEDUP_ERROR", 0.001, _dedup_error, group="redis")
 
     def _check(self) -> None:
         """Rules between settings, once each is valid on its own."""
@@ -568,6 +581,20 @@ class RedisConfig:
                 f"BANKER_REDIS_NODE_TIMEOUT ({self.node_timeout}), or leases and nodes expire "
                 "between two heartbeats",
             )
+        if self.dedup == "bloom":
+            # Imported here: settings stay light to import (no redis-py).
+            from scrapy_banker.redis.frontier import MAX_BLOOM_BITS, bloom_geometry
+
+            per_partition = -(-self.dedup_capacity // self.partitions)
+            bits, _ = bloom_geometry(per_partition, self.dedup_error)
+            if bits > MAX_BLOOM_BITS:
+                raise _bad(
+                    "BANKER_DEDUP_CAPACITY",
+                    self.dedup_capacity,
+                    f"needs {bits} bits per partition at BANKER_DEDUP_ERROR={self.dedup_error} "
+                    f"with {self.partitions} partitions, more than a Redis string holds "
+                    f"({MAX_BLOOM_BITS}): raise BANKER_REDIS_PARTITIONS",
+                )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ module (``redis-cli --cluster create`` takes about four seconds).
 
 from __future__ import annotations
 
+import hashlib
+import random
+import threading
 import time
 from collections.abc import Iterator
 
@@ -330,3 +333,58 @@ def test_batched_pop_ack_nack_and_outstanding_on_cluster(
     # Left: both requests of the fenced partition 0, the low one of each nacked partition.
     assert frontier.outstanding() == 2 + len(nacked)
     assert all(frontier.leased(p) == 0 for p in range(PARTITIONS))
+
+
+def test_concurrent_bloom_enqueuers_queue_every_url_once_on_cluster(
+    redis_cluster: RedisClusterServer, cluster_client: RedisCluster
+) -> None:
+    """Three workers, each with its own cluster client, enqueue the same 20,000 URLs at once.
+
+    Dedup and enqueue are one script on the partition's slot (the Bloom bit
+    array shares the partition's hash tag), so exactly 20,000 are queued.
+    """
+    fps = [hashlib.sha1(f"race-{i}".encode()).hexdigest() for i in range(20_000)]
+    added: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+    dedup = "bloom"
+
+    def enqueuer(seed: int) -> None:
+        own = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in redis_cluster.startup_nodes]
+        )
+        try:
+            frontier = RedisFrontier(
+                own,  # type: ignore[arg-type]  # typed for redis.Redis; duck-typed here
+                prefix="c", partitions=PARTITIONS, dedup=dedup, dedup_capacity=1_000_000,
+            )  # fmt: skip
+            order = list(fps)
+            random.Random(seed).shuffle(order)
+            barrier.wait()
+            n = 0
+            for i in range(0, len(order), 1000):
+                ops = [EnqueueOp(int(fp[:4], 16) % PARTITIONS, fp, "{}")
+                       for fp in order[i : i + 1000]]  # fmt: skip
+                n += sum(r is not None for r in frontier.enqueue_many(ops))
+            added.append(n)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=enqueuer, args=(seed,)) for seed in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sum(added) == 20_000
+    frontier = RedisFrontier(
+        cluster_client,  # type: ignore[arg-type]
+        prefix="c", partitions=PARTITIONS, dedup=dedup,
+    )  # fmt: skip
+    assert sum(frontier.queued(p) for p in range(PARTITIONS)) == 20_000
+    assert not frontier.native_bloom()
+    blooms = [frontier.keys(p).bloom for p in range(PARTITIONS)]
+    assert all(cluster_client.exists(key) for key in blooms)
+    assert not any(cluster_client.exists(frontier.keys(p).seen) for p in range(PARTITIONS))

@@ -25,6 +25,7 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
         owner="{banker:shop:3}:owner",
         dead="{banker:shop:3}:dead",
         seen="{banker:shop:3}:seen",
+        bloom="{banker:shop:3}:bloom",
     )
     assert (keys.nodes, keys.heartbeats, keys.table) == (
         "banker:shop:nodes",
@@ -52,7 +53,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
     slots = []
     for p in range(64):
         names = keys.partition(p).names()
-        assert len(names) == 7
+        assert len(names) == 8
         assert len({key_slot(n.encode()) for n in names}) == 1
         slots.append(key_slot(names[0].encode()))
     assert len(set(slots)) > 32  # different tags, different slots
@@ -61,7 +62,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
 def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
     keys = Keyspace(PREFIX, 4)
     cleared = list(keys.cleared())
-    assert len(cleared) == len(set(cleared)) == 4 * 7 + 10
+    assert len(cleared) == len(set(cleared)) == 4 * 8 + 10
     for p in range(4):
         assert set(keys.partition(p).names()) <= set(cleared)
     assert {

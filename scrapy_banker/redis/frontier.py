@@ -20,8 +20,10 @@ requests, see :mod:`scrapy_banker.serialize`); nothing is ever unpickled.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "MAX_BLOOM_BITS",
     "Census",
     "EnqueueOp",
     "Flushed",
@@ -48,7 +51,50 @@ __all__ = [
     "PartitionKeys",
     "PopResult",
     "RedisFrontier",
+    "bloom_geometry",
+    "bloom_hashes",
+    "bloom_positions",
+    "in_bloom",
 ]
+
+#: A Redis string holds 512 MB: ``SETBIT`` offsets stop at 2**32 - 1.
+MAX_BLOOM_BITS = 2**32
+
+
+def bloom_geometry(capacity: int, error: float) -> tuple[int, int]:
+    """Bits ``m`` and hash count ``k`` of a Bloom filter for ``capacity`` items at ``error``.
+
+    The textbook optimum: ``m = ceil(-n ln p / ln(2)**2)``, ``k = round(m / n * ln 2)``
+    -- about ``1.44 * log2(1/p)`` bits per item (1.8 bytes at 0.1 %).
+    """
+    if capacity < 1 or not 0.0 < error < 0.5:
+        raise ValueError(f"need capacity >= 1 and 0 < error < 0.5, got {capacity}, {error}")
+    bits = math.ceil(-capacity * math.log(error) / math.log(2) ** 2)
+    return bits, max(1, round(bits / capacity * math.log(2)))
+
+
+def bloom_hashes(fingerprint: str) -> tuple[int, int]:
+    """Two 32-bit base hashes of a fingerprint, for Kirsch-Mitzenmacher double hashing.
+
+    Scrapy's fingerprints are SHA1 already (40 hex digits): their first two
+    32-bit words are as good as any hash of them.  Anything else (a custom
+    fingerprinter) is hashed with SHA1 first.
+    """
+    head = fingerprint[:16]
+    if len(head) == 16 and all(c in "0123456789abcdefABCDEF" for c in head):
+        return int(head[:8], 16), int(head[8:], 16)
+    digest = hashlib.sha1(fingerprint.encode("utf-8"), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:4], "big"), int.from_bytes(digest[4:8], "big")
+
+
+def bloom_positions(fingerprint: str, bits: int, hashes: int) -> list[int]:
+    """The ``k`` bit offsets of a fingerprint: ``(h1 + i * h2) mod m``, as ``enqueue.lua`` sets.
+
+    Lua numbers are doubles: with 32-bit ``h1``/``h2`` and ``i < 64`` every
+    intermediate stays below 2**38, exact in both languages.
+    """
+    h1, h2 = bloom_hashes(fingerprint)
+    return [(h1 + i * h2) % bits for i in range(hashes)]
 
 
 class NotOwner(RuntimeError):
@@ -163,8 +209,26 @@ class RedisFrontier:
         partitions: int = 1024,
         lease_ttl_ms: int = 60_000,
         max_deliveries: int = 3,
+        dedup: str = "set",
+        dedup_capacity: int = 100_000_000,
+        dedup_error: float = 0.001,
     ) -> None:
         self.keyspace = Keyspace(prefix, partitions)
+        if dedup not in ("set", "bloom"):
+            raise ValueError(f"dedup must be 'set' or 'bloom', got {dedup!r}")
+        #: ``set`` or ``bloom`` (BANKER_DEDUP).
+        self.dedup = dedup
+        #: URLs each partition's Bloom filter is sized for, and its target error.
+        self.bloom_capacity = -(-int(dedup_capacity) // partitions)
+        self.bloom_error = float(dedup_error)
+        #: The bit-array geometry (m, k), used when the server has no ``BF.*``.
+        self.bloom_bits, self.bloom_k = bloom_geometry(self.bloom_capacity, dedup_error)
+        if self.bloom_bits > MAX_BLOOM_BITS:
+            raise ValueError(
+                f"a Bloom filter of {self.bloom_capacity} URLs at {dedup_error} needs "
+                f"{self.bloom_bits} bits, more than a Redis string holds: use more partitions"
+            )
+        self._native_bloom: bool | None = None
         for name, value, low in (
             ("lease_ttl_ms", lease_ttl_ms, 1),
             ("max_deliveries", max_deliveries, 1),
@@ -205,12 +269,44 @@ class RedisFrontier:
         calls = [self._enqueue_call(op) for op in ops]
         return [None if r is None else decode(r) for r in self.scripts.values("enqueue", calls)]
 
+    def native_bloom(self) -> bool:
+        """Whether the server has RedisBloom's ``BF.*`` commands; asked once, then remembered.
+
+        Native filters scale (a full one gets a larger layer) and are written
+        in C; the Lua bit array is the fallback every Redis >= 6.2 runs.  A
+        fleet shares one server, so every worker makes the same choice.
+        """
+        if self._native_bloom is None:
+            # BF.EXISTS on one of our keys, from a script: redis-py can neither
+            # parse ``COMMAND INFO`` of an unknown command nor route one on a
+            # cluster.  -1: unknown command; a bit array there (-2) means
+            # the module is loaded but this crawl was started without it.
+            (answer,) = self.scripts.values(
+                "bloom_probe", [ScriptCall([self.keys(0).bloom], ["probe"])]
+            )
+            self._native_bloom = int(answer) >= 0
+            logger.info(
+                "BANKER_DEDUP=bloom: %s", "native BF.* filters" if self._native_bloom
+                else "Lua bit arrays (the server has no BF.* commands)",
+            )  # fmt: skip
+        return self._native_bloom
+
+    def _dedup_args(self, fingerprint: str) -> list[str | int]:
+        """The enqueue script's dedup arguments (ARGV 5..) for this frontier's mode."""
+        if self.dedup == "set":
+            return ["set"]
+        if self.native_bloom():
+            return ["bf", self.bloom_capacity, repr(self.bloom_error)]
+        h1, h2 = bloom_hashes(fingerprint)
+        return ["lua", self.bloom_bits, self.bloom_k, h1, h2]
+
     def _enqueue_call(self, op: EnqueueOp) -> ScriptCall:
         k = self.keys(op.partition)
         return ScriptCall(
-            [k.queue, k.seen, k.payloads, k.meta],
-            [op.fingerprint, op.payload, int(op.priority), "1" if op.dont_filter else "0"],
-        )
+            [k.queue, k.seen, k.payloads, k.meta, k.bloom],
+            [op.fingerprint, op.payload, int(op.priority), "1" if op.dont_filter else "0",
+             *self._dedup_args(op.fingerprint)],
+        )  # fmt: skip
 
     def flush(
         self,
@@ -569,6 +665,32 @@ class RedisFrontier:
 
     def leased(self, partition: int) -> int:
         return int(self.client.zcard(self.keys(partition).leases))
+
+
+def in_bloom(client: redis.Redis | RedisCluster, keys: PartitionKeys, fingerprint: str) -> bool:
+    """Whether the partition's Bloom filter (native or bit array) says it holds ``fingerprint``.
+
+    For the operator's ``explain``: it reads whichever filter the crawl
+    wrote -- the key's type tells native from Lua, and a bit array's
+    geometry is in the partition's meta -- so it needs no settings.  A
+    partition without a filter holds nothing.
+    """
+    kind = decode(client.type(keys.bloom))
+    if kind == "none":
+        return False
+    if kind == "string":
+        geometry = client.hget(keys.meta, "bf")
+        if geometry is None:
+            return False
+        bits, hashes = (int(x) for x in decode(geometry).split(":"))
+        pipe = client.pipeline(transaction=False)
+        for position in bloom_positions(fingerprint, bits, hashes):
+            pipe.getbit(keys.bloom, position)
+        return all(int(bit) for bit in pipe.execute())
+    (answer,) = ScriptRunner(client).values(
+        "bloom_probe", [ScriptCall([keys.bloom], [fingerprint])]
+    )
+    return int(answer) == 1
 
 
 def _leased(partition: int, flat: Sequence[Any]) -> list[Leased]:

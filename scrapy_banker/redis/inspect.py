@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.partitions import PartitionTable
-from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier import RedisFrontier, in_bloom
 from scrapy_banker.redis.keys import Keyspace, decode
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.serialize import MalformedPayload, RequestCodec
@@ -973,7 +973,10 @@ def explain_url(
         pipe.zscore(keyspace.heartbeats, owner)
         pipe.hexists(keyspace.nodes, owner)
     answers = pipe.execute()
-    seen, leased_now = bool(answers[0]), int(answers[1])
+    # Seen by the exact set, or by the Bloom filter (BANKER_DEDUP = "bloom"):
+    # whichever the crawl wrote, as its enqueue script checks both.
+    seen = bool(answers[0]) or in_bloom(client, k, fingerprint)
+    leased_now = int(answers[1])
     owner_age_s: float | None = None
     owner_alive = False
     if owner is not None:

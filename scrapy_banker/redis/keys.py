@@ -41,8 +41,12 @@ class PartitionKeys:
     owner: str
     #: List of dead letters (JSON with the reason).
     dead: str
-    #: Set of fingerprints already queued.
+    #: Set of fingerprints already queued (``BANKER_DEDUP = "set"``).
     seen: str
+    #: Bloom filter of fingerprints already queued (``BANKER_DEDUP = "bloom"``):
+    #: a RedisBloom filter where the server has ``BF.*``, else a bit array
+    #: in a plain string whose geometry is the ``bf`` field of :attr:`meta`.
+    bloom: str
 
     def names(self) -> tuple[str, ...]:
         return astuple(self)
@@ -104,6 +108,7 @@ class Keyspace:
             owner=f"{tag}:owner",
             dead=f"{tag}:dead",
             seen=f"{tag}:seen",
+            bloom=f"{tag}:bloom",
         )
 
     def ready(self, node: str) -> str:

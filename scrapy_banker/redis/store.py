@@ -159,6 +159,9 @@ class RedisLeaseStore:
             partitions=rconfig.partitions,
             lease_ttl_ms=max(1, int(rconfig.lease_ttl * 1000)),
             max_deliveries=rconfig.max_deliveries,
+            dedup=rconfig.dedup,
+            dedup_capacity=rconfig.dedup_capacity,
+            dedup_error=rconfig.dedup_error,
         )
         self.registry = NodeRegistry(
             client, self.frontier, node_timeout_ms=max(1, int(rconfig.node_timeout * 1000))

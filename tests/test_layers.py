@@ -42,6 +42,7 @@ CORES = (
     "meta",
     "telemetry",
     "fleetmodel",
+    "journal",
 )
 
 _PROBE = """

@@ -1,12 +1,19 @@
 """The operator's read model of one node's JOBDIR (``scrapy banker status --jobdir``).
 
-A clean stop of :class:`~scrapy_banker.scheduler.BankerScheduler` writes
-``JOBDIR/banker/`` (see :mod:`scrapy_banker.scheduler.jobdir`): the topic
-state and extendible-hash directory in ``state.json``, the pending requests as
-JSON lines per directory bucket in ``queues/``, and what could not be saved or
-restored in ``JOBDIR/banker-deadletter.jsonl``.  Scrapy's dupefilter keeps its
-fingerprints in ``JOBDIR/requests.seen``.  This module reads those files --
-never writes, never unpickles -- into views with a stable ``to_json()``.
+:class:`~scrapy_banker.scheduler.BankerScheduler` keeps ``JOBDIR/banker/``
+(see :mod:`scrapy_banker.scheduler.jobdir`): a snapshot and the journal
+appended since, replayed here exactly as a resume would replay them -- so
+the view is right during a crawl and after a ``kill -9``, not only after a
+clean stop.  The clean-stop-only layout of earlier versions (``state.json``
+and ``queues/<bucket>.jsonl``, seen set in Scrapy's ``requests.seen``) is
+still read.  What could not be saved or restored is in
+``JOBDIR/banker-deadletter.jsonl``.  This module reads those files -- never
+writes, never unpickles -- into views with a stable ``to_json()``.
+
+Buckets: after a clean stop the snapshot holds the directory; otherwise the
+requests' queue keys are filed into a fresh directory of the default shape
+(``BANKER_BUCKET_CAPACITY`` etc. are not known here), as a resume that
+rebuilds the directory would.
 """
 
 from __future__ import annotations
@@ -18,7 +25,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.directory import ExtendibleDirectory
-from scrapy_banker.scheduler.jobdir import STATE_VERSION
+from scrapy_banker.journal import BadLine, JournalState, UnsupportedSnapshot, parse_enqueue
+from scrapy_banker.scheduler.jobdir import (
+    SNAPSHOT,
+    STATE_VERSION,
+    live_records,
+    read_seen_file,
+    replay,
+)
 from scrapy_banker.serialize import MalformedPayload, RequestCodec
 
 if TYPE_CHECKING:
@@ -84,6 +98,8 @@ class JobdirEntry:
     key_hash: int
     priority: int
     request: dict[str, Any]
+    #: FIFO order within a lane (the line number in the old layout).
+    seq: int = 0
 
 
 def _entries(queues: str, only: int | None = None) -> Iterator[JobdirEntry | tuple[str, int]]:
@@ -99,34 +115,62 @@ def _entries(queues: str, only: int | None = None) -> Iterator[JobdirEntry | tup
                     rec = json.loads(line)
                     yield JobdirEntry(
                         int(stem), lineno, str(rec["topic"]), str(rec["slot"]), str(rec["key"]),
-                        int(rec["hash"]), int(rec["priority"]), dict(rec["request"]),
+                        int(rec["hash"]), int(rec["priority"]), dict(rec["request"]), lineno,
                     )  # fmt: skip
                 except (ValueError, KeyError, TypeError):
                     yield name, lineno
 
 
 def _seen(path: str) -> set[str] | None:
-    """Hex fingerprints in Scrapy's ``requests.seen`` (None: no such file).
+    """Hex fingerprints in Scrapy's ``requests.seen`` (None: no such file)."""
+    return read_seen_file(path)
 
-    Scrapy >= 2.14 writes each fingerprint as a 2-byte big-endian length and
-    its bytes; older versions one hex fingerprint per line.  Both are read.
-    """
-    if not os.path.exists(path):
+
+@dataclass
+class _Journaled:
+    """A snapshot + journal JOBDIR, replayed."""
+
+    state: JournalState
+    entries: list[JobdirEntry]
+    directory: ExtendibleDirectory[str] | None
+    saved_directory: bool
+
+
+def _journaled(jobdir: str) -> _Journaled | None:
+    """Replay the snapshot layout (None: this JOBDIR has none)."""
+    path = os.path.join(jobdir, "banker")
+    if not os.path.exists(os.path.join(path, SNAPSHOT)):
         return None
-    with open(path, "rb") as f:
-        data = f.read()
-    out: set[str] = set()
-    i = 0
-    while i + 2 <= len(data):
-        size = int.from_bytes(data[i : i + 2], "big")
-        if not 0 < size <= 64 or i + 2 + size > len(data):
-            break
-        out.add(data[i + 2 : i + 2 + size].hex())
-        i += 2 + size
-    if i == len(data):
-        return out
-    text = data.decode("ascii", errors="replace")
-    return {line.strip() for line in text.splitlines() if line.strip()}
+    try:
+        state, files = replay(path)
+    except UnsupportedSnapshot as exc:
+        raise ValueError(str(exc)) from None
+    header = state.header or {}
+    saved = header.get("directory")
+    directory = None if not saved else ExtendibleDirectory.from_state(saved)
+    rebuilt: ExtendibleDirectory[str] | None = None if directory else ExtendibleDirectory()
+    records = []
+    for _, lineno, line in live_records(state, files):
+        try:
+            rec = parse_enqueue(line)
+            request = json.loads(rec.payload)
+            if not isinstance(request, dict):
+                raise ValueError("payload is not an object")
+        except ValueError:
+            state.malformed.append(BadLine(SNAPSHOT, lineno, "unreadable", line))
+            continue
+        if rebuilt is not None:
+            rebuilt.add(rec.key, rec.key_hash, 1)
+        records.append((rec, lineno, request))
+    final = directory or rebuilt
+    assert final is not None
+    entries = [
+        JobdirEntry(final.bucket_of(rec.key) if directory is None else final.lookup(rec.key_hash),
+                    lineno, rec.topic, rec.slot, rec.key, rec.key_hash, rec.priority, request,
+                    rec.seq)
+        for rec, lineno, request in records
+    ]  # fmt: skip
+    return _Journaled(state, entries, final, directory is not None)
 
 
 @dataclass(frozen=True)
@@ -176,14 +220,34 @@ class JobdirView:
 
 def read_jobdir(jobdir: str, *, top: int = 10) -> JobdirView:
     """Read a JOBDIR; ``ValueError`` with one line when there is nothing to read."""
-    state = _state(jobdir)
+    if not os.path.isdir(jobdir):
+        raise ValueError(f"no JOBDIR at {jobdir}")
     _, queues, deadletter_path, seen_path = _paths(jobdir)
+    journaled = _journaled(jobdir)
+    entries: list[JobdirEntry | tuple[str, int]]
+    if journaled is not None:
+        header = journaled.state.header or {}
+        entries = list(journaled.entries)
+        malformed = len(journaled.state.malformed)
+        saved_topics = (header.get("topics") or {}).get("topics") or {}
+        directory = journaled.directory
+        pending = len(journaled.state.live)
+        seen: int | None = len(journaled.state.seen())
+    else:
+        state = _state(jobdir)
+        entries = list(_entries(queues))
+        malformed = 0
+        saved_topics = (state.get("topics") or {}).get("topics") or {}
+        saved = state.get("directory")
+        directory = None if not saved else ExtendibleDirectory.from_state(saved)
+        pending = int(state.get("pending", 0))
+        fingerprints = _seen(seen_path)
+        seen = None if fingerprints is None else len(fingerprints)
     per_topic: Counter[str] = Counter()
     per_slot: Counter[str] = Counter()
     per_bucket: Counter[int] = Counter()
     keys: dict[int, set[str]] = {}
-    malformed = 0
-    for entry in _entries(queues):
+    for entry in entries:
         if isinstance(entry, tuple):
             malformed += 1
             continue
@@ -191,16 +255,14 @@ def read_jobdir(jobdir: str, *, top: int = 10) -> JobdirView:
         per_slot[entry.slot] += 1
         per_bucket[entry.bucket] += 1
         keys.setdefault(entry.bucket, set()).add(entry.key)
-    saved_topics = (state.get("topics") or {}).get("topics") or {}
     topics: dict[str, dict[str, Any]] = {}
     for name in sorted(set(per_topic) | set(saved_topics)):
-        saved = saved_topics.get(name) or {}
+        saved_topic = saved_topics.get(name) or {}
         topics[name] = {
             "queued": per_topic.get(name, 0),
-            "slice_s": saved.get("slice_total"),
-            "dispatched": saved.get("dispatched"),
+            "slice_s": saved_topic.get("slice_total"),
+            "dispatched": saved_topic.get("dispatched"),
         }
-    directory = state.get("directory")
     kinds: Counter[str] = Counter()
     dead = 0
     if os.path.exists(deadletter_path):
@@ -215,22 +277,29 @@ def read_jobdir(jobdir: str, *, top: int = 10) -> JobdirView:
                     kinds["unreadable"] += 1
     return JobdirView(
         path=jobdir,
-        pending=int(state.get("pending", 0)),
+        pending=pending,
         queued=sum(per_bucket.values()),
         topics=topics,
         buckets={b: (n, len(keys[b])) for b, n in per_bucket.items()},
         top_slots=tuple(per_slot.most_common(top)),
-        global_depth=None if not directory else int(directory.get("global_depth", 0)),
-        n_buckets=None if not directory else len(directory.get("buckets", [])) or None,
+        global_depth=None if directory is None else directory.global_depth,
+        n_buckets=None if directory is None else directory.n_buckets,
         malformed=malformed,
         dead_letters=dead,
         dead_letter_kinds=dict(kinds),
-        seen=None if (fingerprints := _seen(seen_path)) is None else len(fingerprints),
+        seen=seen,
     )
 
 
 def jobdir_directory(jobdir: str) -> ExtendibleDirectory[str] | None:
-    """The saved extendible-hash directory (None: not saved, the crawl rebuilds it)."""
+    """The extendible-hash directory (None: not saved, the crawl rebuilds it).
+
+    In the snapshot layout: the one saved at a clean stop, else the pending
+    requests' keys filed into a default-shaped one.
+    """
+    journaled = _journaled(jobdir)
+    if journaled is not None:
+        return journaled.directory
     state = _state(jobdir)
     directory = state.get("directory")
     return None if not directory else ExtendibleDirectory.from_state(directory)
@@ -257,37 +326,49 @@ def find_in_jobdir(
     fingerprint: Callable[[Request], str],
     codec: RequestCodec | None = None,
 ) -> JobdirFind:
-    """Find ``request`` (by fingerprint) in the bucket its hash maps to, the dead letters
-    and Scrapy's seen file.  Only one bucket file is read."""
+    """Find ``request`` (by fingerprint) among the pending requests, the dead letters
+    and the seen set.  In the old layout only the bucket its hash maps to is read."""
     codec = codec or RequestCodec()
-    directory = jobdir_directory(jobdir)
-    _, queues, deadletter_path, seen_path = _paths(jobdir)
     wanted = fingerprint(request)
-    bucket = None if directory is None else directory.lookup(key_hash)
+    _, queues, deadletter_path, seen_path = _paths(jobdir)
     found: JobdirEntry | None = None
-    ahead = 0
     lane: list[JobdirEntry] = []
-    for entry in _entries(queues, only=bucket):
-        if isinstance(entry, tuple):
-            continue
-        bare = {k: v for k, v in entry.request.items() if k not in ("callback", "errback")}
-        try:
-            saved = codec.decode(json.dumps(bare))
-        except MalformedPayload:
-            continue
-        if found is None and fingerprint(saved) == wanted:
-            found = entry
-        lane.append(entry)
+    journaled = _journaled(jobdir) if os.path.isdir(jobdir) else None
+    if journaled is not None:
+        # Journal records carry the fingerprint: no request is decoded.
+        fps = {e.seq: fp for e in journaled.entries if (fp := journaled.state.live.get(e.seq))}
+        for entry in journaled.entries:
+            if found is None and fps.get(entry.seq) == wanted:
+                found = entry
+            lane.append(entry)
+        seen: bool | None = wanted in journaled.state.seen()
+        bucket = None if journaled.directory is None else journaled.directory.lookup(key_hash)
+    else:
+        directory = jobdir_directory(jobdir)
+        bucket = None if directory is None else directory.lookup(key_hash)
+        for item in _entries(queues, only=bucket):
+            if isinstance(item, tuple):
+                continue
+            entry = item
+            bare = {k: v for k, v in entry.request.items() if k not in ("callback", "errback")}
+            try:
+                saved = codec.decode(json.dumps(bare))
+            except MalformedPayload:
+                continue
+            if found is None and fingerprint(saved) == wanted:
+                found = entry
+            lane.append(entry)
+        fingerprints = _seen(seen_path)
+        seen = None if fingerprints is None else wanted in fingerprints
+    ahead = 0
     if found is not None:
         # Ahead in its lane: same topic and slot, served by priority then FIFO.
         ahead = sum(
             1 for e in lane
             if e.topic == found.topic and e.slot == found.slot
-            and (-e.priority, e.line) < (-found.priority, found.line)
+            and (-e.priority, e.seq) < (-found.priority, found.seq)
         )  # fmt: skip
         bucket = found.bucket
-    fingerprints = _seen(seen_path)
-    seen = None if fingerprints is None else wanted in fingerprints
     dead_reason = None
     if found is None and os.path.exists(deadletter_path):
         with open(deadletter_path, encoding="utf-8", errors="replace") as f:
@@ -296,7 +377,9 @@ def find_in_jobdir(
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(rec, dict) and rec.get("url") == request.url:
+                if isinstance(rec, dict) and (
+                    rec.get("url") == request.url or _payload_url(rec) == request.url
+                ):
                     dead_reason = f"{rec.get('when', '?')}: {rec.get('error', '?')}"
                     break
     if found is not None:
@@ -308,3 +391,14 @@ def find_in_jobdir(
     else:
         state = "unknown"
     return JobdirFind(state, bucket, seen, found, ahead if found else None, dead_reason)
+
+
+def _payload_url(rec: dict[str, Any]) -> str | None:
+    """The URL of a dead-lettered journal line, if it can be read."""
+    payload = rec.get("payload")
+    if not isinstance(payload, str):
+        return None
+    try:
+        return str(json.loads(parse_enqueue(payload + "\n").payload).get("url"))
+    except (ValueError, AttributeError):
+        return None

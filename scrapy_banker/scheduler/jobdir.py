@@ -1,28 +1,67 @@
-"""JOBDIR persistence of the local queue: JSON lines per directory bucket, never pickle.
+"""JOBDIR persistence of the local queue: a snapshot and an append-only journal, never pickle.
 
-A clean stop writes ``JOBDIR/banker/``: ``state.json`` (topic slices and
-round-robin order, the extendible-hash directory) and one JSON-lines file per
-bucket in ``queues/``.  The directory is written next to the old one and
-swapped in with ``os.replace``, so a crash mid-save keeps the previous clean
-state.  Entries that cannot be written or read back are logged, counted and
-kept in ``JOBDIR/banker-deadletter.jsonl`` -- outside ``banker/``, which every
-clean stop replaces.
+Why a journal: Scrapy's JOBDIR (and this module before it) saved the queue
+only at a clean stop, so a ``kill -9`` left ``requests.seen`` full of URLs
+whose requests were never written -- they were neither fetched nor ever
+queued again.  Now every request is written when it is queued, and every
+completion when its callback's output has been scheduled, so whatever
+moment the process dies at, a resume rebuilds the queue and the seen set
+from the same records (see :mod:`scrapy_banker.journal` for the records and
+the replay rule).
+
+Files under ``JOBDIR/banker/``:
+
+* ``snapshot.jsonl`` -- header (generation, topic state, directory after a
+  clean stop), fingerprints of completed requests, pending requests;
+* ``journal-<generation>.jsonl`` -- records appended since that snapshot.
+
+Durability: each record is one unbuffered ``os.write``, so it is in the
+kernel before ``enqueue_request`` returns and survives ``kill -9``; nothing
+is ``fsync``'d per record (that would cost a disk flush per request).  A
+compaction writes the next snapshot beside the current one, ``fsync``'s it,
+swaps it in with ``os.replace`` (and ``fsync``'s the directory), then starts
+the next generation's journal and deletes the old one -- a crash at any
+point leaves either the old snapshot with its journal or the new one.  So
+power loss (or a kernel crash) loses at most what was journaled since the
+last compaction or clean stop.
+
+Compaction happens at every resume that replayed a journal, at a clean stop,
+and while crawling when the journal has as many records as the snapshot
+(and at least :data:`COMPACT_MIN_RECORDS`), which bounds the journal by the
+size of the state rather than by the crawl's length.
+
+A JOBDIR written by the clean-stop-only version (``banker/state.json`` and
+``banker/queues/*.jsonl``, whose seen set is Scrapy's ``requests.seen``) is
+converted to a snapshot on the first resume.  Entries that cannot be written
+or read back are logged, counted and kept in ``JOBDIR/banker-deadletter.jsonl``
+-- outside ``banker/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.directory import ExtendibleDirectory
+from scrapy_banker.journal import (
+    JournalState,
+    done_line,
+    enqueue_line,
+    header_line,
+    needs_compaction,
+    parse_enqueue,
+    seen_lines,
+)
 from scrapy_banker.scheduler.classifier import Classified
-from scrapy_banker.serialize import MalformedPayload, UnserializableRequest
+from scrapy_banker.serialize import MalformedPayload
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Iterable
 
     from scrapy import Request, Spider
     from scrapy.statscollectors import StatsCollector
@@ -32,76 +71,213 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["STATE_VERSION", "JobDir"]
+__all__ = [
+    "COMPACT_MIN_RECORDS",
+    "LEGACY_STATE_VERSION",
+    "STATE_VERSION",
+    "JobDir",
+    "read_seen_file",
+]
 
-STATE_VERSION = 1
+#: Version of the clean-stop-only layout (``state.json`` + ``queues/``), still read.
+LEGACY_STATE_VERSION = 1
+#: Kept for readers importing the old name.
+STATE_VERSION = LEGACY_STATE_VERSION
+#: A journal shorter than this is never compacted while crawling (a setting
+#: candidate, ``BANKER_JOBDIR_COMPACT_MIN``; a module constant until then).
+COMPACT_MIN_RECORDS = 100_000
+
+SNAPSHOT = "snapshot.jsonl"
+
+
+def read_seen_file(path: str) -> set[str] | None:
+    """Hex fingerprints in Scrapy's ``requests.seen`` (None: no such file).
+
+    Scrapy >= 2.14 writes each fingerprint as a 2-byte big-endian length and
+    its bytes; older versions one hex fingerprint per line.  Both are read.
+    """
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        data = f.read()
+    out: set[str] = set()
+    i = 0
+    while i + 2 <= len(data):
+        size = int.from_bytes(data[i : i + 2], "big")
+        if not 0 < size <= 64 or i + 2 + size > len(data):
+            break
+        out.add(data[i + 2 : i + 2 + size].hex())
+        i += 2 + size
+    if i == len(data):
+        return out
+    text = data.decode("ascii", errors="replace")
+    return {line.strip() for line in text.splitlines() if line.strip()}
+
+
+def read_lines(path: str) -> Iterator[str]:
+    """A file's lines with their newlines (none if it does not exist)."""
+    try:
+        f = open(path, encoding="utf-8", errors="replace", newline="")  # noqa: SIM115
+    except FileNotFoundError:
+        return
+    with f:
+        yield from f
+
+
+def journal_name(generation: int) -> str:
+    return f"journal-{generation}.jsonl"
+
+
+def replay(path: str) -> tuple[JournalState, list[str]]:
+    """Replay ``path``'s snapshot and its journal; returns the state and the files read."""
+    state = JournalState()
+    snapshot = os.path.join(path, SNAPSHOT)
+    state.feed(read_lines(snapshot), SNAPSHOT, journal=False)
+    generation = 0 if state.header is None else int(state.header.get("generation", 0))
+    journal = os.path.join(path, journal_name(generation))
+    state.feed(read_lines(journal), journal_name(generation), journal=True)
+    return state, [snapshot, journal]
+
+
+def live_records(state: JournalState, files: Iterable[str]) -> Iterator[tuple[str, int, str]]:
+    """``(file, line number, E line)`` of each pending request, once, in file order."""
+    emitted: set[int] = set()
+    live = state.live
+    for path in files:
+        for lineno, line in enumerate(read_lines(path), 1):
+            if not line.startswith('{"e":') or not line.endswith("\n"):
+                continue
+            try:
+                seq = parse_enqueue(line).seq
+            except ValueError:
+                continue
+            if seq in live and seq not in emitted:
+                emitted.add(seq)
+                yield os.path.basename(path), lineno, line
 
 
 class JobDir:
-    """Save and restore one crawl's pending requests under ``JOBDIR``."""
+    """One crawl's journal, snapshot and dead letters under ``JOBDIR``."""
 
-    def __init__(self, jobdir: str, codec: RequestCodec, stats: StatsCollector) -> None:
+    def __init__(
+        self,
+        jobdir: str,
+        codec: RequestCodec,
+        stats: StatsCollector,
+        fingerprint: Callable[[Request], str] | None = None,
+    ) -> None:
+        self.root = jobdir
         self.path = os.path.join(jobdir, "banker")
+        self.snapshot_path = os.path.join(self.path, SNAPSHOT)
+        self.legacy_state_path = os.path.join(self.path, "state.json")
+        self.seen_path = os.path.join(jobdir, "requests.seen")
         self.deadletter_path = os.path.join(jobdir, "banker-deadletter.jsonl")
         self.codec = codec
         self.stats = stats
+        self.fingerprint = fingerprint
+        self.generation = 0
+        self.next_seq = 0
+        #: Journal records since the last compaction / in the last snapshot.
+        self.journal_records = 0
+        self.snapshot_records = 0
+        self._fd: int | None = None
+
+    # -- writing --------------------------------------------------------------------
 
     def _dead_letter(self, record: dict[str, Any]) -> None:
         with open(self.deadletter_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
-    def save(self, queue: LocalQueue, spider: Spider | None) -> None:
-        """Write pending requests and state; atomic, so a crash keeps the last good copy."""
-        tmp = self.path + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(os.path.join(tmp, "queues"))
-        files: dict[int, TextIO] = {}
-        saved = unserializable = 0
+    def dead_letter_unsaved(self, request: Request, error: str) -> None:
+        """A request only memory held at a clean stop: it will not resume."""
+        logger.error("Cannot persist %s to JOBDIR, it will not resume: %s", request, error)
+        self._dead_letter({"url": request.url, "method": request.method, "error": error,
+                           "when": "save"})  # fmt: skip
+
+    def _write(self, data: bytes) -> None:
+        """One ``os.write``: in the kernel (safe from ``kill -9``) when this returns."""
+        fd = self._fd
+        if fd is None:
+            raise RuntimeError("JOBDIR journal is not open")
+        while data:
+            data = data[os.write(fd, data) :]
+
+    def enqueued(
+        self, seq: int, fingerprint: str, c: Classified, priority: int, payload: str
+    ) -> None:
+        """Journal a queued request (``payload``: the codec's JSON, written as is)."""
+        self._write(
+            enqueue_line(
+                seq, fingerprint, c.topic, c.slot, c.key, c.key_hash, priority, payload
+            ).encode()
+        )
+        self.journal_records += 1
+
+    def done(self, seqs: list[int]) -> None:
+        """Journal completed requests: one line, one write, for the batch."""
+        self._write(done_line(seqs).encode())
+        self.journal_records += len(seqs)
+
+    def should_compact(self) -> bool:
+        return needs_compaction(self.journal_records, self.snapshot_records, COMPACT_MIN_RECORDS)
+
+    def compact(
+        self,
+        topics: dict[str, Any] | None,
+        directory: dict[str, Any] | None = None,
+        exclude: frozenset[int] = frozenset(),
+    ) -> JournalState:
+        """Rewrite snapshot + journal as a new snapshot; start an empty journal.
+
+        The files are the source, not memory: what is written is exactly what
+        a crash at this moment would have resumed, minus ``exclude`` (entries
+        dead-lettered at resume).  Payloads are copied as text, never
+        re-encoded.
+        """
+        state, files = replay(self.path)
+        for seq in exclude:
+            state.live.pop(seq, None)
+        generation = self.generation + 1
+        tmp = self.snapshot_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8", newline="") as out:
+            out.write(header_line(generation, max(self.next_seq, state.next_seq),
+                                  len(state.live), len(state.done), topics, directory))  # fmt: skip
+            out.writelines(seen_lines(state.done))
+            out.writelines(line for _, _, line in live_records(state, files))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.snapshot_path)
+        self._fsync_dir()
+        self._open_journal(generation)
+        self.stats.inc_value("banker/jobdir/compactions")
+        self.snapshot_records = len(state.live) + len(state.done)
+        return state
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
         try:
-            for entry in queue.entries():
-                try:
-                    payload = self.codec.encode(entry.item, spider)
-                except UnserializableRequest as exc:
-                    unserializable += 1
-                    logger.error(
-                        "Cannot persist %s to JOBDIR, it will not resume: %s", entry.item, exc
-                    )
-                    self._dead_letter({"url": entry.item.url, "method": entry.item.method,
-                                       "error": str(exc), "when": "save"})  # fmt: skip
-                    continue
-                bucket = queue.directory.bucket_of(entry.key)
-                out = files.get(bucket)
-                if out is None:
-                    path = os.path.join(tmp, "queues", f"{bucket}.jsonl")
-                    out = files[bucket] = open(path, "w", encoding="utf-8")  # noqa: SIM115
-                line = {
-                    "request": json.loads(payload),
-                    "topic": entry.topic,
-                    "slot": entry.slot,
-                    "key": entry.key,
-                    "hash": entry.key_hash,
-                    "priority": entry.priority,
-                    "seq": entry.seq,
-                }
-                out.write(json.dumps(line, separators=(",", ":")) + "\n")
-                saved += 1
+            os.fsync(fd)
         finally:
-            for out in files.values():
-                out.close()
-        state = {
-            "version": STATE_VERSION,
-            "pending": saved,
-            "topics": queue.topics.to_state(),
-            "directory": queue.directory.to_state() if not unserializable else None,
-        }
-        with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as f:
-            json.dump(state, f)
-        shutil.rmtree(self.path, ignore_errors=True)
-        os.replace(tmp, self.path)
-        self.stats.set_value("banker/jobdir/saved", saved)
-        if unserializable:
-            self.stats.set_value("banker/jobdir/unserializable", unserializable)
-        logger.info("Saved %d pending requests to %s", saved, self.path)
+            os.close(fd)
+
+    def _open_journal(self, generation: int) -> None:
+        """Start appending to ``generation``'s journal; delete every other journal."""
+        self.close_journal()
+        path = os.path.join(self.path, journal_name(generation))
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.generation = generation
+        self.journal_records = 0
+        for name in os.listdir(self.path):
+            if name.startswith("journal-") and name != journal_name(generation):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.path, name))
+
+    def close_journal(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # -- resuming -------------------------------------------------------------------
 
     def restore(
         self,
@@ -109,51 +285,135 @@ class JobDir:
         spider: Spider | None,
         slot_key: Callable[[Request], str],
         now: float,
-    ) -> int:
-        """Queue what the last clean stop saved; returns how many requests came back."""
-        state_path = os.path.join(self.path, "state.json")
-        if not os.path.exists(state_path):
-            return 0
-        with open(state_path, encoding="utf-8") as f:
+    ) -> tuple[int, set[str]]:
+        """Queue what the last run left pending; returns ``(restored, seen fingerprints)``.
+
+        Opens the journal for appending.  A journal that was replayed (a
+        crash), a truncated or malformed line, or an old-layout JOBDIR is
+        compacted at once, so the new run appends to a clean file.
+        """
+        os.makedirs(self.path, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.snapshot_path + ".tmp")  # a compaction cut short
+        converted = False
+        if not os.path.exists(self.snapshot_path) and os.path.exists(self.legacy_state_path):
+            self._convert_legacy(spider)
+            converted = True
+        state, files = replay(self.path)
+        header = state.header or {}
+        self.generation = int(header.get("generation", 0))
+        self.next_seq = state.next_seq
+        if header.get("topics"):
+            queue.topics.restore(header["topics"])
+        exact = header.get("directory") is not None and not state.journal_records
+        if exact:
+            queue.directory = ExtendibleDirectory.from_state(header["directory"])
+        for bad in state.malformed:
+            self._malformed(bad.source, bad.line, bad.error, bad.text)
+        dropped: set[int] = set()
+        restored = 0
+        for name, lineno, line in live_records(state, files):
+            rec = parse_enqueue(line)
+            try:
+                request = self.codec.decode(rec.payload, spider)
+                c = Classified(rec.topic, slot_key(request), rec.key, rec.key_hash)
+            except (ValueError, MalformedPayload) as exc:
+                dropped.add(rec.seq)
+                self._malformed(name, lineno, str(exc), line)
+                continue
+            queue.push(request, c, now, priority=rec.priority, seq=rec.seq,
+                       count_load=not exact)  # fmt: skip
+            restored += 1
+        if exact and (dropped or sum(queue.directory.load_of(k) for k in queue.directory)
+                      != restored):  # fmt: skip
+            queue.rebuild_directory()  # the saved loads counted entries that did not come back
+        for seq in dropped:
+            state.live.pop(seq, None)
+        malformed = len(state.malformed) + len(dropped)
+        if state.truncated:
+            logger.warning(
+                "JOBDIR journal ended with %d line(s) cut short by a kill; skipped (the "
+                "requests they concern are fetched again)", state.truncated,
+            )  # fmt: skip
+            self.stats.set_value("banker/jobdir/truncated", state.truncated)
+        if malformed:
+            self.stats.inc_value("banker/jobdir/malformed", malformed)
+        replayed = state.journal_records
+        if converted or replayed or state.truncated or malformed or state.header is None:
+            self.compact(queue.topics.to_state(), None, frozenset(dropped))
+        else:
+            self.snapshot_records = len(state.live) + len(state.done)
+            self._open_journal(self.generation)
+        self.stats.set_value("banker/jobdir/restored", restored)
+        if replayed:
+            self.stats.set_value("banker/jobdir/replayed", replayed)
+            logger.info(
+                "Resumed %d pending requests from %s (%d journal records replayed: the last "
+                "run did not stop cleanly)", restored, self.path, replayed,
+            )  # fmt: skip
+        elif restored:
+            logger.info("Resumed %d pending requests from %s", restored, self.path)
+        return restored, state.seen()
+
+    def _malformed(self, name: str, lineno: int, error: str, text: str) -> None:
+        logger.error("Skipping malformed JOBDIR entry %s:%d (%s); kept in %s",
+                     name, lineno, error, self.deadletter_path)  # fmt: skip
+        self._dead_letter({"file": name, "line": lineno, "error": error,
+                           "payload": text.rstrip("\n"), "when": "restore"})  # fmt: skip
+
+    def _convert_legacy(self, spider: Spider | None) -> None:
+        """Turn a clean-stop-only JOBDIR (``state.json`` + ``queues/``) into a snapshot.
+
+        Its seen set was Scrapy's ``requests.seen``, consistent with the
+        queue at that clean stop: the fingerprints become the snapshot's
+        completed set.  Malformed entries are dead-lettered as before.
+        """
+        with open(self.legacy_state_path, encoding="utf-8") as f:
             state = json.load(f)
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") != LEGACY_STATE_VERSION:
             raise ValueError(
-                f"{state_path}: unsupported state version {state.get('version')!r} "
-                f"(this scrapy-banker writes version {STATE_VERSION})"
+                f"{self.legacy_state_path}: unsupported state version "
+                f"{state.get('version')!r} (this scrapy-banker reads version "
+                f"{LEGACY_STATE_VERSION})"
             )
-        queue.topics.restore(state["topics"])
-        count_load = True
-        if state.get("directory") is not None:
-            queue.directory = ExtendibleDirectory.from_state(state["directory"])
-            count_load = False
-        restored = malformed = 0
+        lines: list[str] = []
+        pending_fps: set[str] = set()
+        malformed = 0
+        next_seq = 0
         queues = os.path.join(self.path, "queues")
         for name in sorted(os.listdir(queues)) if os.path.isdir(queues) else []:
-            with open(os.path.join(queues, name), encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    try:
-                        rec = json.loads(line)
-                        request = self.codec.decode(json.dumps(rec["request"]), spider)
-                        c = Classified(
-                            str(rec["topic"]), slot_key(request), str(rec["key"]), int(rec["hash"])
-                        )
-                        queue.push(request, c, now, priority=int(rec["priority"]),
-                                   seq=int(rec["seq"]), count_load=count_load)  # fmt: skip
-                        restored += 1
-                    except (ValueError, KeyError, TypeError, MalformedPayload) as exc:
-                        malformed += 1
-                        logger.error(
-                            "Skipping malformed JOBDIR entry %s:%d (%s); kept in %s",
-                            name, lineno, exc, self.deadletter_path,
-                        )  # fmt: skip
-                        self._dead_letter({"file": name, "line": lineno, "error": str(exc),
-                                           "payload": line.rstrip("\n"),
-                                           "when": "restore"})  # fmt: skip
-        if malformed and not count_load:
-            # The saved directory counted the skipped entries: rebuild loads from what is queued.
-            queue.rebuild_directory()
-        self.stats.set_value("banker/jobdir/restored", restored)
+            for lineno, line in enumerate(read_lines(os.path.join(queues, name)), 1):
+                try:
+                    rec = json.loads(line)
+                    payload = json.dumps(rec["request"], separators=(",", ":"))
+                    request = self.codec.decode(payload, spider)
+                    fp = "" if request.dont_filter or self.fingerprint is None else (
+                        self.fingerprint(request))  # fmt: skip
+                    seq = int(rec["seq"])
+                    lines.append(enqueue_line(seq, fp, str(rec["topic"]), str(rec["slot"]),
+                                              str(rec["key"]), int(rec["hash"]),
+                                              int(rec["priority"]), payload))  # fmt: skip
+                except (ValueError, KeyError, TypeError, MalformedPayload) as exc:
+                    malformed += 1
+                    self._malformed(name, lineno, str(exc), line)
+                    continue
+                pending_fps.add(fp)
+                next_seq = max(next_seq, seq + 1)
+        done = (read_seen_file(self.seen_path) or set()) - pending_fps
+        directory = state.get("directory") if not malformed else None
+        tmp = self.snapshot_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8", newline="") as out:
+            out.write(header_line(0, next_seq, len(lines), len(done), state.get("topics"),
+                                  directory))  # fmt: skip
+            out.writelines(seen_lines(done))
+            out.writelines(lines)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.snapshot_path)
+        self._fsync_dir()
+        os.unlink(self.legacy_state_path)
+        shutil.rmtree(queues, ignore_errors=True)
         if malformed:
-            self.stats.set_value("banker/jobdir/malformed", malformed)
-        logger.info("Resumed %d pending requests from %s", restored, self.path)
-        return restored
+            self.stats.inc_value("banker/jobdir/malformed", malformed)
+        logger.info("Converted the clean-stop JOBDIR layout of %s (%d pending requests) to "
+                    "a snapshot and journal", self.path, len(lines))  # fmt: skip

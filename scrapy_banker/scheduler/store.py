@@ -16,18 +16,24 @@ so topics, politeness and admission behave identically.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from scrapy.dupefilters import RFPDupeFilter
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
+from scrapy_banker._engine import requests_in_progress
+from scrapy_banker.meta import META_SLOT
 from scrapy_banker.scheduler.jobdir import JobDir
 from scrapy_banker.serialize import UnserializableRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
@@ -100,35 +106,98 @@ class RequestStore(Protocol):
 
 
 class MemoryStore:
-    """Scrapy's dupefilter and the local queue; JSON persistence with ``JOBDIR``."""
+    """Scrapy's dupefilter and the local queue; a crash-safe JSON journal with ``JOBDIR``.
+
+    With ``JOBDIR`` the journal (:mod:`scrapy_banker.scheduler.jobdir`) is the
+    authority on what was seen: every journaled request is seen, and nothing
+    else.  Scrapy's ``RFPDupeFilter`` is therefore kept in memory only (its
+    ``requests.seen`` is not written: it is buffered independently of the
+    journal, and after a ``kill -9`` it would hold URLs whose requests were
+    never persisted) and is refilled from the journal at resume.  A custom
+    ``DUPEFILTER_CLASS`` is built as configured and keeps its own files; it
+    is refilled from the journal only if it keeps its fingerprints in a
+    ``set`` as Scrapy's does, and pending requests resume whatever it says.
+    """
 
     def __init__(
-        self, parts: SchedulerParts, dupefilter: BaseDupeFilter, jobdir: str | None = None
+        self,
+        parts: SchedulerParts,
+        dupefilter: BaseDupeFilter,
+        jobdir: str | None = None,
+        fingerprint: Callable[[Request], str] | None = None,
     ) -> None:
         self.parts = parts
         self.queue = parts.queue
         self.df = dupefilter
-        self.jobdir = None if not jobdir else JobDir(jobdir, parts.codec, parts.stats)
+        self._fingerprint = fingerprint or _default_fingerprint(parts)
+        self.jobdir = (
+            None if not jobdir else JobDir(jobdir, parts.codec, parts.stats, self._fingerprint)
+        )
         self.spider: Spider | None = None
         # Requests that cannot be written to JOBDIR: dequeued from "memory".
         self._memory_only: set[Request] = set()
         self._unserializable_logged = False
+        self._seq = itertools.count()
+        #: Popped entries' journal numbers, until dispatched (or parked and popped again).
+        self._popped: dict[Request, int] = {}
+        #: Dispatched requests whose completion is not journaled yet.
+        self._inflight: dict[Request, int] = {}
+        #: The most requests dispatched and not complete at once: what a kill repeats, at most.
+        self._max_inflight = 0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, parts: SchedulerParts) -> Self:
         dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
-        return cls(parts, dupefilter, job_dir(crawler.settings))
+        jobdir = job_dir(crawler.settings)
+        if jobdir and isinstance(dupefilter, RFPDupeFilter) and dupefilter.file is not None:
+            # The journal is the seen set's authority: no second, unsynchronised copy.
+            dupefilter.file.close()
+            dupefilter.file = None
+        fingerprinter = getattr(crawler, "request_fingerprinter", None)
+        fingerprint = None if fingerprinter is None else _hex_fingerprint(fingerprinter)
+        return cls(parts, dupefilter, jobdir, fingerprint)
 
     def open(self, spider: Spider) -> Deferred[None] | None:
         self.spider = spider
         if self.jobdir is not None:
             now = time.monotonic()
-            self.jobdir.restore(self.queue, spider, self.parts.downloader.slot_key, now)
+            _, seen = self.jobdir.restore(self.queue, spider, self.parts.downloader.slot_key, now)
+            self._seq = itertools.count(self.jobdir.next_seq)
+            self._refill_dupefilter(seen)
         return self.df.open()
 
+    def _refill_dupefilter(self, seen: set[str]) -> None:
+        """Make the dupefilter's memory exactly the journal's seen set."""
+        raw = getattr(self.df, "_fingerprints", None)  # Scrapy >= 2.14: bytes
+        if isinstance(raw, set):
+            raw.clear()
+            raw.update(bytes.fromhex(fp) for fp in seen)
+            return
+        hexes = vars(self.df).get("fingerprints")  # Scrapy <= 2.13: hex strings
+        if isinstance(hexes, set):
+            if isinstance(self.df, RFPDupeFilter):
+                hexes.clear()
+            hexes.update(seen)
+
     def close(self, reason: str) -> Deferred[None] | None:
-        if self.jobdir is not None:
-            self.jobdir.save(self.queue, self.spider)
+        jobdir = self.jobdir
+        if jobdir is not None:
+            self._finish()
+            unsaved = 0
+            for entry in self.queue.entries():
+                if entry.item in self._memory_only:
+                    unsaved += 1
+                    jobdir.dead_letter_unsaved(entry.item, "not serializable to JSON")
+            exact = not self._inflight and not unsaved
+            state = jobdir.compact(
+                self.queue.topics.to_state(), self.queue.directory.to_state() if exact else None
+            )
+            jobdir.close_journal()
+            self.parts.stats.set_value("banker/jobdir/saved", len(state.live))
+            self.parts.stats.set_value("banker/jobdir/max_inflight", self._max_inflight)
+            if unsaved:
+                self.parts.stats.set_value("banker/jobdir/unserializable", unsaved)
+            logger.info("Saved %d pending requests to %s", len(state.live), jobdir.path)
         return self.df.close(reason)
 
     def is_duplicate(self, request: Request) -> bool:
@@ -138,17 +207,32 @@ class MemoryStore:
         return False
 
     def put(self, request: Request, c: Classified, now: float) -> str:
-        kind = "memory"
-        if self.jobdir is not None:
-            # Like Scrapy's disk queues: whatever JOBDIR cannot hold is kept in
-            # memory, counted, and will not survive a restart.
-            try:
-                self.parts.codec.encode(request, self.spider)
-                kind = "disk"
-            except UnserializableRequest as exc:
-                self._unserializable(request, exc)
-        self.queue.push(request, c, now)
-        return kind
+        jobdir = self.jobdir
+        if jobdir is None:
+            self.queue.push(request, c, now)
+            return "memory"
+        # Like Scrapy's disk queues: whatever JOBDIR cannot hold is kept in
+        # memory, counted, and will not survive a restart.
+        seq = next(self._seq)
+        request.meta.pop(META_SLOT, None)  # a retry's copy of its original's dispatch
+        try:
+            payload = self.parts.codec.encode(request, self.spider)
+        except UnserializableRequest as exc:
+            self._unserializable(request, exc)
+            self.queue.push(request, c, now, seq=seq)
+            return "memory"
+        fp = "" if request.dont_filter else self._fingerprint(request)
+        jobdir.enqueued(seq, fp, c, request.priority, payload)
+        self.queue.push(request, c, now, seq=seq)
+        if jobdir.should_compact():
+            self._compact()
+        return "disk"
+
+    def _compact(self) -> None:
+        assert self.jobdir is not None
+        self.jobdir.next_seq = max(self.jobdir.next_seq, next(self._seq))
+        self._seq = itertools.count(self.jobdir.next_seq)
+        self.jobdir.compact(self.queue.topics.to_state())
 
     def _unserializable(self, request: Request, exc: Exception) -> None:
         self._memory_only.add(request)
@@ -162,9 +246,34 @@ class MemoryStore:
             )  # fmt: skip
 
     def refill(self, now: float) -> None:
-        pass
+        if self._inflight:
+            self._finish()
+
+    def _finish(self) -> None:
+        """Journal the completion of dispatched requests the engine is done with.
+
+        The rule of :meth:`~scrapy_banker.redis.store.RedisLeaseStore._ack_finished`:
+        done once the request left the engine's ``requests_in_progress`` (its
+        callback's output is scheduled, so its children are journaled before
+        this record); without the engine's view, once its slot was released.
+        """
+        in_progress = requests_in_progress(self.parts.crawler)
+        done = []
+        for request in list(self._inflight):
+            if in_progress is None:
+                if request.meta.get(META_SLOT) is not None:
+                    continue
+            elif request in in_progress:
+                continue
+            done.append(self._inflight.pop(request))
+        if done and self.jobdir is not None:
+            self.jobdir.done(done)
+            if self.jobdir.should_compact():
+                self._compact()
 
     def keep(self, entry: Entry[Request]) -> bool:
+        if self.jobdir is not None and entry.item not in self._memory_only:
+            self._popped[entry.item] = entry.seq
         return True
 
     def dispatched(self, request: Request) -> str:
@@ -173,6 +282,12 @@ class MemoryStore:
         if self._memory_only and request in self._memory_only:
             self._memory_only.discard(request)
             return "memory"
+        seq = self._popped.pop(request, None)
+        if seq is not None:
+            inflight = self._inflight
+            inflight[request] = seq
+            if len(inflight) > self._max_inflight:
+                self._max_inflight = len(inflight)
         return "disk"
 
     def polled(self, request: Request | None) -> None:
@@ -183,3 +298,19 @@ class MemoryStore:
 
     def __len__(self) -> int:
         return 0
+
+
+def _hex_fingerprint(fingerprinter: Any) -> Callable[[Request], str]:
+    def fingerprint(request: Request) -> str:
+        return str(fingerprinter.fingerprint(request).hex())
+
+    return fingerprint
+
+
+def _default_fingerprint(parts: SchedulerParts) -> Callable[[Request], str]:
+    fingerprinter = getattr(parts.crawler, "request_fingerprinter", None)
+    if fingerprinter is None:  # pragma: no cover - Scrapy < 2.7
+        from scrapy.utils.request import RequestFingerprinter
+
+        fingerprinter = RequestFingerprinter()
+    return _hex_fingerprint(fingerprinter)

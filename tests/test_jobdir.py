@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import scrapy
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
@@ -42,6 +43,7 @@ from scrapy_banker.scheduler.inspect import find_in_jobdir, read_jobdir
 from scrapy_banker.serialize import RequestCodec
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
+SCRAPY_VERSION = tuple(int(x) for x in scrapy.__version__.split(".")[:2])
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "example_project"
 
@@ -293,11 +295,19 @@ def test_a_clean_stop_keeps_requests_in_flight_and_writes_no_requests_seen(
     assert second.stats.get_value("banker/jobdir/replayed") is None  # nothing to replay
 
 
+def _write_seen(path: Path, fingerprints: list[bytes]) -> None:
+    """``requests.seen`` as this Scrapy writes it: binary from 2.14, hex lines before."""
+    if SCRAPY_VERSION >= (2, 14):
+        path.write_bytes(b"".join(len(fp).to_bytes(2, "big") + fp for fp in fingerprints))
+    else:
+        path.write_text("".join(fp.hex() + "\n" for fp in fingerprints))
+
+
 def test_requests_seen_without_journal_records_does_not_block_a_url(tmp_path: Path) -> None:
     job = tmp_path / "job"
     job.mkdir()
-    fp = bytes.fromhex(get_crawler(_Spider).request_fingerprinter.fingerprint(_req(1)).hex())
-    (job / "requests.seen").write_bytes(len(fp).to_bytes(2, "big") + fp)
+    _write_seen(job / "requests.seen",
+                [get_crawler(_Spider).request_fingerprinter.fingerprint(_req(1))])  # fmt: skip
     scheduler = _open(tmp_path)
     assert scheduler.enqueue_request(_req(1))
 
@@ -361,12 +371,9 @@ def test_a_jobdir_of_the_previous_version_still_resumes(tmp_path: Path) -> None:
     done = [old.next_request() for _ in range(5)]
     job = tmp_path / "job"
     assert _legacy_save(old, job / "banker") == 15
-    # Its seen set: Scrapy's requests.seen (binary, as Scrapy >= 2.14 writes it).
+    # Its seen set: Scrapy's requests.seen.
     fingerprinter = old.crawler.request_fingerprinter
-    with (job / "requests.seen").open("wb") as f:
-        for i in range(20):
-            fp = fingerprinter.fingerprint(_req(i))
-            f.write(len(fp).to_bytes(2, "big") + fp)
+    _write_seen(job / "requests.seen", [fingerprinter.fingerprint(_req(i)) for i in range(20)])
     # A malformed entry in one bucket file, as the old reader dead-lettered it.
     victim = sorted((job / "banker" / "queues").iterdir())[0]
     victim.write_text(victim.read_text() + "{not json\n")

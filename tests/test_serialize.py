@@ -134,3 +134,55 @@ def test_a_pickle_payload_is_never_executed(spider: MySpider, tmp_path: Any) -> 
     carried = codec.decode(json.dumps({"url": "http://h/", "meta": {"p": evil.hex()}}), spider)
     assert carried.meta["p"] == evil.hex()
     assert not marker.exists()
+
+
+# -- the compact format of the Redis frontier ----------------------------------------------
+
+
+def test_compact_payload_round_trips_and_drops_defaults(spider: MySpider) -> None:
+    codec = RequestCodec()
+    plain = Request("https://a.example/x", callback=spider.parse, meta={"banker_topic": "t"})
+    compact = codec.encode_compact(plain, spider)
+    assert compact == '2{"u":"https://a.example/x","c":"parse","m":{"banker_topic":"t"}}'
+    assert len(compact) < len(codec.encode(plain, spider)) / 3
+    back = codec.decode(compact, spider)
+    assert (back.url, back.callback, back.meta, back.method) == (
+        plain.url, spider.parse, {"banker_topic": "t"}, "GET",
+    )  # fmt: skip
+    form = FormRequest("https://a.example/f", formdata={"q": "1"}, priority=-2, dont_filter=True)
+    again = codec.decode(codec.encode_compact(form, spider), spider)
+    assert type(again) is FormRequest
+    assert (again.body, again.priority, again.dont_filter, again.method) == (
+        b"q=1", -2, True, "POST",
+    )  # fmt: skip
+
+
+def test_large_compact_payloads_are_compressed(spider: MySpider) -> None:
+    codec = RequestCodec()
+    big = Request("https://a.example/p", method="POST", body=b"a" * 5000, headers={"X": "y"})
+    payload = codec.encode_compact(big, spider)
+    assert payload.startswith("Z") and len(payload) < 500
+    back = codec.decode(payload, spider)
+    assert (back.body, back.headers[b"X"], back.method) == (big.body, b"y", "POST")
+    assert codec.payload_dict(payload)["method"] == "POST"
+
+
+def test_formats_across_versions_are_read_or_refused_with_a_reason(spider: MySpider) -> None:
+    """A fleet upgrades worker by worker: each side of the version line, in both directions."""
+    codec = RequestCodec()
+    request = Request("https://a.example/v", callback=spider.parse, priority=4)
+    # New worker, old payload (plain JSON of encode(), as every earlier release wrote it).
+    assert codec.decode(codec.encode(request, spider), spider).priority == 4
+    # Old worker, new payload: its decoder was json.loads, which refuses the marker,
+    # so it dead-letters the request with "not JSON" and the payload is kept.
+    long = Request("https://a.example/" + "z" * 3000)
+    for payload in (codec.encode_compact(request, spider), codec.encode_compact(long, spider)):
+        with pytest.raises(ValueError):
+            json.loads(payload)
+    # New worker, payload of a format newer than itself: refused with the reason.
+    with pytest.raises(MalformedPayload, match="known payload format: it starts with '3'"):
+        codec.decode('3{"u":"https://a.example/"}', spider)
+    with pytest.raises(MalformedPayload, match="bad compressed payload"):
+        codec.decode("Z%%%", spider)
+    with pytest.raises(MalformedPayload, match="url"):
+        codec.decode('2{"c":"parse"}', spider)

@@ -511,11 +511,10 @@ def describe_payload(payload: str | None, codec: RequestCodec | None = None) -> 
         return PayloadInfo(None, None, None, None, 0, "no payload stored")
     codec = codec or RequestCodec()
     try:
-        raw = json.loads(payload)
-    except ValueError as exc:
-        return PayloadInfo(None, None, None, None, 0, f"not JSON: {exc}")
-    if not isinstance(raw, dict):
-        return PayloadInfo(None, None, None, None, 0, f"not a JSON object: {type(raw).__name__}")
+        # Any payload format (plain JSON, compact "2", compressed "Z"), long keys.
+        raw = codec.payload_dict(payload)
+    except MalformedPayload as exc:
+        return PayloadInfo(None, None, None, None, 0, str(exc))
     callback = raw.get("callback")
     meta = raw.get("meta") if isinstance(raw.get("meta"), dict) else {}
     topic = meta.get("banker_topic") if isinstance(meta, dict) else None

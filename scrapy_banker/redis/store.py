@@ -306,7 +306,7 @@ class RedisLeaseStore:
         for key in TRANSIENT_META:
             request.meta.pop(key, None)
         try:
-            payload = self.parts.codec.encode(request, self.spider)
+            payload = self.parts.codec.encode_compact(request, self.spider)
         except UnserializableRequest as exc:
             # Still crawled, by this worker only, and said loudly: it cannot
             # survive a crash of this worker.

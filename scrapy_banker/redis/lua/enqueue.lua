@@ -60,5 +60,6 @@ local id = fp .. ":" .. seq
 local score = -priority * 4294967296 + seq
 redis.call("ZADD", KEYS[1], score, id)
 redis.call("HSET", KEYS[3], id, payload)
-redis.call("HSET", KEYS[4], "s:" .. id, score)
+-- No per-request meta while it waits: its score is kept ("s:") only once it
+-- is leased (pop.lua), for a nack or the reaper to put it back in its place.
 return id

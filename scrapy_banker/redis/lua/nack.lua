@@ -12,9 +12,9 @@ for i = 1, #ARGV do
     n = n + 1
     local e = redis.call("HGET", KEYS[3], "e:" .. id)
     if e then redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) end
-    redis.call("HDEL", KEYS[3], "e:" .. id)
     redis.call("HINCRBY", KEYS[3], "d:" .. id, -1)
     redis.call("ZADD", KEYS[1], redis.call("HGET", KEYS[3], "s:" .. id) or "0", id)
+    redis.call("HDEL", KEYS[3], "e:" .. id, "s:" .. id)
   end
 end
 return n

@@ -1,5 +1,6 @@
 -- Lease up to N requests of a partition to the node that owns it (at-least-once).
 -- KEYS: 1 queue, 2 leases (zset id -> expiry ms), 3 payloads, 4 meta, 5 owner (string)
+-- Meta of a leased id: d: deliveries, e: epoch, s: its queue score (deleted at ack).
 -- ARGV: 1 node, 2 epoch, 3 lease ttl ms, 4 count
 -- Returns {err} NOTOWNER if the caller does not own the partition at that epoch,
 -- {err} BUSY while leases taken at an older epoch (a previous owner's requests
@@ -26,7 +27,8 @@ for i = 1, #popped, 2 do
   local id = popped[i]
   redis.call("ZADD", KEYS[2], expiry, id)
   local n = redis.call("HINCRBY", KEYS[4], "d:" .. id, 1)
-  redis.call("HSET", KEYS[4], "e:" .. id, epoch)
+  -- Its queue score, kept only while leased: a nack or the reaper puts it back there.
+  redis.call("HSET", KEYS[4], "e:" .. id, epoch, "s:" .. id, popped[i + 1])
   redis.call("HINCRBY", KEYS[4], "h:" .. epoch, 1)
   out[#out + 1] = id
   out[#out + 1] = redis.call("HGET", KEYS[3], id) or ""

@@ -24,6 +24,7 @@ for _, id in ipairs(expired) do
   else
     local score = redis.call("HGET", KEYS[4], "s:" .. id) or "0"
     redis.call("ZADD", KEYS[1], score, id)
+    redis.call("HDEL", KEYS[4], "s:" .. id)
     requeued = requeued + 1
   end
 end

@@ -23,5 +23,4 @@ local id = fp .. ":" .. seq
 local score = -tonumber(ARGV[2]) * 4294967296 + seq
 redis.call("ZADD", KEYS[2], score, id)
 redis.call("HSET", KEYS[4], id, letter.payload)
-redis.call("HSET", KEYS[5], "s:" .. id, score)
 return id

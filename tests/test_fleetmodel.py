@@ -101,8 +101,21 @@ def test_registry_reads_grow_with_the_fleet() -> None:
     assert per_worker_large > 10 * per_worker_small  # HGETALL / ZRANGEBYSCORE of N nodes
 
 
-def test_reaper_is_an_erlang_loss_system() -> None:
+def test_a_held_reaper_lock_reaps_about_once_per_interval_whatever_the_fleet() -> None:
     cfg = WorkerConfig(rtt_ms=0.5)
+    one, _ = reap_rounds_per_s(cfg, 1, DEFAULT_COSTS)
+    assert one == pytest.approx(1 / cfg.reap_interval_s, rel=0.05)
+    for workers in (10, 100, 10_000):
+        rounds, refused = reap_rounds_per_s(cfg, workers, DEFAULT_COSTS)
+        assert 1 / cfg.reap_interval_s <= rounds <= 1 / (0.8 * cfg.reap_interval_s)
+        assert rounds + refused == pytest.approx(workers / cfg.reap_interval_s)
+    # The hold is what keeps the reaper flat: without it 100 workers reap ~100x.
+    unheld = WorkerConfig(rtt_ms=0.5, reap_hold_fraction=0.0)
+    assert reap_rounds_per_s(unheld, 100, DEFAULT_COSTS)[0] > 50 * one
+
+
+def test_reaper_without_the_hold_is_an_erlang_loss_system() -> None:
+    cfg = WorkerConfig(rtt_ms=0.5, reap_hold_fraction=0.0)
     few, refused = reap_rounds_per_s(cfg, 1, DEFAULT_COSTS)
     assert few == pytest.approx(1 / cfg.reap_interval_s, rel=0.05) and refused >= 0
     many, refused_many = reap_rounds_per_s(cfg, 100_000, DEFAULT_COSTS)

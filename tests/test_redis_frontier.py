@@ -568,3 +568,18 @@ def test_the_worker_sends_typed_ops_and_forgets_every_token_handed_back(
     assert (fast.queued(5), fast.leased(5)) == (0, 1)  # pb is still leased
     assert [d["reason"] for d in fast.dead_letters(5)] == ["malformed: test"]
     assert worker._held == {}  # every token handed back is forgotten, whatever Redis said
+
+
+def test_a_held_reaper_lock_makes_one_round_per_interval_fleet_wide(
+    frontier: RedisFrontier,
+) -> None:
+    assert frontier.reap_all("node-a", hold_ms=60_000) == (0, 0)
+    # Other nodes (and node-a itself) skip until the hold expires...
+    assert frontier.reap_all("node-b", hold_ms=60_000) is None
+    assert frontier.reap_all("node-a") is None
+    ttl = frontier.client.pttl(frontier.keyspace.reaper_lock)
+    assert 0 < ttl <= 60_000
+    # ...and a plain round releases its lock at once, as before.
+    frontier.client.delete(frontier.keyspace.reaper_lock)
+    assert frontier.reap_all("node-b") == (0, 0)
+    assert frontier.client.exists(frontier.keyspace.reaper_lock) == 0

@@ -356,7 +356,9 @@ class FrontierWorker:
             self.frontier.client.set(key, value, px=px_ms)
         if now >= self._next_reap:
             self._next_reap = now + self.reap_interval_s
-            reaped = self.frontier.reap_all(self.node)
+            # Held for most of the interval after a round: one round per
+            # interval fleet-wide, whoever comes first.
+            reaped = self.frontier.reap_all(self.node, hold_ms=int(self.reap_interval_s * 800))
             if reaped is not None:
                 self._count("banker/redis/reaped", reaped[0])
                 self._count("banker/redis/reaped_dead", reaped[1])

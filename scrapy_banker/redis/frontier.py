@@ -53,6 +53,7 @@ __all__ = [
     "RedisFrontier",
     "bloom_geometry",
     "bloom_hashes",
+    "bloom_layers",
     "bloom_positions",
     "in_bloom",
 ]
@@ -95,6 +96,22 @@ def bloom_positions(fingerprint: str, bits: int, hashes: int) -> list[int]:
     """
     h1, h2 = bloom_hashes(fingerprint)
     return [(h1 + i * h2) % bits for i in range(hashes)]
+
+
+def bloom_layers(bits: int, hashes: int, layers: int) -> list[tuple[int, int, int]]:
+    """``(offset, bits, hashes)`` of each layer of a scalable bit-array filter, as ``enqueue.lua``.
+
+    Layer ``j`` holds twice the items of layer ``j - 1`` at half its error:
+    ``k + j`` hashes over ``ceil(m * 2**j * (k + j) / k)`` bits, the layers
+    laid end to end in one string (one key: one cluster slot).
+    """
+    out: list[tuple[int, int, int]] = []
+    offset = 0
+    for j in range(layers):
+        size = -(-(bits * 2**j * (hashes + j)) // hashes)
+        out.append((offset, size, hashes + j))
+        offset += size
+    return out
 
 
 class NotOwner(RuntimeError):
@@ -298,7 +315,7 @@ class RedisFrontier:
         if self.native_bloom():
             return ["bf", self.bloom_capacity, repr(self.bloom_error)]
         h1, h2 = bloom_hashes(fingerprint)
-        return ["lua", self.bloom_bits, self.bloom_k, h1, h2]
+        return ["lua", self.bloom_bits, self.bloom_k, h1, h2, self.bloom_capacity]
 
     def _enqueue_call(self, op: EnqueueOp) -> ScriptCall:
         k = self.keys(op.partition)
@@ -694,14 +711,17 @@ def in_bloom(client: redis.Redis | RedisCluster, keys: PartitionKeys, fingerprin
     if kind == "none":
         return False
     if kind == "string":
-        geometry = client.hget(keys.meta, "bf")
+        geometry, layers = client.hmget(keys.meta, ["bf", "bfl"])
         if geometry is None:
             return False
         bits, hashes = (int(x) for x in decode(geometry).split(":"))
-        pipe = client.pipeline(transaction=False)
-        for position in bloom_positions(fingerprint, bits, hashes):
-            pipe.getbit(keys.bloom, position)
-        return all(int(bit) for bit in pipe.execute())
+        for offset, size, k in bloom_layers(bits, hashes, int(layers or 1)):
+            pipe = client.pipeline(transaction=False)
+            for position in bloom_positions(fingerprint, size, k):
+                pipe.getbit(keys.bloom, offset + position)
+            if all(int(bit) for bit in pipe.execute()):
+                return True
+        return False
     (answer,) = ScriptRunner(client).values(
         "bloom_probe", [ScriptCall([keys.bloom], [fingerprint])]
     )

@@ -5,7 +5,8 @@
 --       5 bloom (RedisBloom filter or bit-array string)
 -- ARGV: 1 fingerprint, 2 payload, 3 priority, 4 dont_filter ("1"/"0"),
 --       5 dedup: "set" | "bf" (native; 6 capacity, 7 error)
---                | "lua" (bit array; 6 bits m, 7 hashes k, 8 h1, 9 h2)
+--                | "lua" (bit array; 6 bits m, 7 hashes k, 8 h1, 9 h2,
+--                         10 capacity n of the first layer)
 -- Returns the new id, or false when the fingerprint was already seen.
 local fp, payload, priority = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if ARGV[4] ~= "1" then
@@ -28,28 +29,66 @@ if ARGV[4] ~= "1" then
         return false
       end
     else
+      -- A scalable Bloom filter (Almeida et al.) in one string, so it stays in
+      -- the partition's cluster slot: layer j holds n*2^j items at error
+      -- p/2^j (k+j hashes, m*2^j*(k+j)/k bits), laid end to end.  A
+      -- partition that gets far more than its share of the crawl (one huge
+      -- host) adds layers instead of filling up: its error stays below 2p.
       -- The geometry is fixed when the filter is created: a worker started
       -- with other settings keeps reading the same bits.
-      local m, k
-      local geometry = redis.call("HGET", KEYS[4], "bf")
-      if geometry then
-        local gm, gk = string.match(geometry, "^(%d+):(%d+)$")
+      local m, k, n
+      local g = redis.call("HMGET", KEYS[4], "bf", "bfc", "bfl", "bfn")
+      if g[1] then
+        local gm, gk = string.match(g[1], "^(%d+):(%d+)$")
         m, k = tonumber(gm), tonumber(gk)
       else
         m, k = tonumber(ARGV[6]), tonumber(ARGV[7])
         redis.call("HSET", KEYS[4], "bf", ARGV[6] .. ":" .. ARGV[7])
       end
-      -- Kirsch-Mitzenmacher: bit i is (h1 + i*h2) mod m; h1, h2 < 2^32 and
-      -- i < 64 keep every number below 2^38, exact in a double.
+      n = tonumber(g[2] or ARGV[10])
+      if not g[2] then
+        redis.call("HSET", KEYS[4], "bfc", n)
+      end
+      local layers = tonumber(g[3] or "1")
+      local filled = tonumber(g[4] or "0")
+      if redis.call("EXISTS", KEYS[5]) == 0 then
+        -- Sized once to its exact length: SETBIT would grow the string
+        -- greedily (up to twice the bytes it needs).
+        redis.call("SET", KEYS[5], string.rep("\0", math.ceil(m / 8)))
+      end
+      -- Kirsch-Mitzenmacher: bit i of layer j is (h1 + i*h2) mod m_j; h1, h2 <
+      -- 2^32 and i < 64 keep every number below 2^38, exact in a double.
       local h1, h2 = tonumber(ARGV[8]), tonumber(ARGV[9])
-      local new = false
-      for i = 0, k - 1 do
-        if redis.call("SETBIT", KEYS[5], (h1 + i * h2) % m, 1) == 0 then
-          new = true
+      local offset, mj, kj = 0, m, k
+      for j = 0, layers - 1 do
+        mj, kj = math.ceil(m * 2 ^ j * (k + j) / k), k + j
+        local all = true
+        for i = 0, kj - 1 do
+          if redis.call("GETBIT", KEYS[5], offset + (h1 + i * h2) % mj) == 0 then
+            all = false
+            break
+          end
+        end
+        if all then
+          return false
+        end
+        if j < layers - 1 then
+          offset = offset + mj
         end
       end
-      if not new then
-        return false
+      for i = 0, kj - 1 do
+        redis.call("SETBIT", KEYS[5], offset + (h1 + i * h2) % mj, 1)
+      end
+      filled = filled + 1
+      local next_m = math.ceil(m * 2 ^ layers * (k + layers) / k)
+      if filled > n * 2 ^ (layers - 1) and offset + mj + next_m <= 4294967296 then
+        -- The last layer is full: append the next one, zeroed, at its exact length.
+        local bytes = math.ceil((offset + mj + next_m) / 8)
+        local current = redis.call("GET", KEYS[5])
+        redis.call("SET", KEYS[5], current .. string.rep("\0", bytes - #current))
+        redis.call("HSET", KEYS[4], "bfl", layers + 1, "bfn", 0)
+      else
+        redis.call("HSET", KEYS[4], "bfn", filled)
       end
     end
   end

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "SNAPSHOT_VERSION",
@@ -70,9 +70,11 @@ class UnsupportedSnapshot(ValueError):
     """A snapshot written by another layout version: never guessed at."""
 
 
-@dataclass(frozen=True)
-class Enqueued:
-    """One parsed ``E`` record; ``payload`` is the codec's JSON text, untouched."""
+class Enqueued(NamedTuple):
+    """One parsed ``E`` record; ``payload`` is the codec's JSON text, untouched.
+
+    A tuple, not a dataclass: a resume builds one per pending request.
+    """
 
     seq: int
     fingerprint: str

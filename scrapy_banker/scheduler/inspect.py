@@ -69,8 +69,8 @@ def _state(jobdir: str) -> dict[str, Any]:
     state_path = _paths(jobdir)[0]
     if not os.path.exists(state_path):
         raise ValueError(
-            f"{jobdir} holds no scrapy-banker state ({state_path} missing: the crawl never "
-            "stopped cleanly with this JOBDIR, or used another scheduler)"
+            f"{jobdir} holds no scrapy-banker state (neither banker/{SNAPSHOT} nor the "
+            "older banker/state.json: the crawl used another scheduler, or never started)"
         )
     try:
         with open(state_path, encoding="utf-8") as f:
@@ -150,9 +150,8 @@ def _journaled(jobdir: str) -> _Journaled | None:
     directory = None if not saved else ExtendibleDirectory.from_state(saved)
     rebuilt: ExtendibleDirectory[str] | None = None if directory else ExtendibleDirectory()
     records = []
-    for _, lineno, line in live_records(state, files):
+    for _, lineno, line, rec in live_records(state, files):
         try:
-            rec = parse_enqueue(line)
             request = json.loads(rec.payload)
             if not isinstance(request, dict):
                 raise ValueError("payload is not an object")

@@ -45,10 +45,11 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from scrapy_banker.directory import ExtendibleDirectory
 from scrapy_banker.journal import (
+    Enqueued,
     JournalState,
     done_line,
     enqueue_line,
@@ -139,8 +140,14 @@ def replay(path: str) -> tuple[JournalState, list[str]]:
     return state, [snapshot, journal]
 
 
-def live_records(state: JournalState, files: Iterable[str]) -> Iterator[tuple[str, int, str]]:
-    """``(file, line number, E line)`` of each pending request, once, in file order."""
+def live_records(
+    state: JournalState, files: Iterable[str]
+) -> Iterator[tuple[str, int, str, Enqueued]]:
+    """``(file, line number, E line, record)`` of each pending request, once, in file order.
+
+    Lines the replay could not parse are not in ``state.live``, so every
+    line yielded parses (a line that does not is skipped, not guessed at).
+    """
     emitted: set[int] = set()
     live = state.live
     for path in files:
@@ -148,12 +155,12 @@ def live_records(state: JournalState, files: Iterable[str]) -> Iterator[tuple[st
             if not line.startswith('{"e":') or not line.endswith("\n"):
                 continue
             try:
-                seq = parse_enqueue(line).seq
+                rec = parse_enqueue(line)
             except ValueError:
                 continue
-            if seq in live and seq not in emitted:
-                emitted.add(seq)
-                yield os.path.basename(path), lineno, line
+            if rec.seq in live and rec.seq not in emitted:
+                emitted.add(rec.seq)
+                yield os.path.basename(path), lineno, line, rec
 
 
 class JobDir:
@@ -237,24 +244,39 @@ class JobDir:
         state, files = replay(self.path)
         for seq in exclude:
             state.live.pop(seq, None)
-        generation = self.generation + 1
-        tmp = self.snapshot_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8", newline="") as out:
-            out.write(header_line(generation, max(self.next_seq, state.next_seq),
-                                  len(state.live), len(state.done), topics, directory))  # fmt: skip
-            out.writelines(seen_lines(state.done))
-            out.writelines(line for _, _, line in live_records(state, files))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.snapshot_path)
-        self._fsync_dir()
-        self._open_journal(generation)
-        self.stats.inc_value("banker/jobdir/compactions")
-        self.snapshot_records = len(state.live) + len(state.done)
+        out = self._new_snapshot(state, topics, directory)
+        out.writelines(line for _, _, line, _ in live_records(state, files))
+        self._commit_snapshot(out, state)
         return state
 
+    def _new_snapshot(
+        self, state: JournalState, topics: dict[str, Any] | None, directory: dict[str, Any] | None
+    ) -> TextIO:
+        """Start the next generation's snapshot beside the current one (header, seen set)."""
+        out = open(self.snapshot_path + ".tmp", "w", encoding="utf-8", newline="")  # noqa: SIM115
+        out.write(header_line(self.generation + 1, max(self.next_seq, state.next_seq),
+                              len(state.live), len(state.done), topics, directory))  # fmt: skip
+        out.writelines(seen_lines(state.done))
+        return out
+
+    def _commit_snapshot(self, out: TextIO, state: JournalState) -> None:
+        """``fsync`` it, swap it in, start its empty journal, delete the old one."""
+        with out:
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(self.snapshot_path + ".tmp", self.snapshot_path)
+        self._fsync_dir()
+        self._open_journal(self.generation + 1)
+        self.stats.inc_value("banker/jobdir/compactions")
+        self.snapshot_records = len(state.live) + len(state.done)
+
     def _fsync_dir(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
+        """Make the ``os.replace`` itself durable (power loss); best effort where a
+        directory cannot be opened (Windows)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return
         try:
             os.fsync(fd)
         finally:
@@ -310,20 +332,31 @@ class JobDir:
             queue.directory = ExtendibleDirectory.from_state(header["directory"])
         for bad in state.malformed:
             self._malformed(bad.source, bad.line, bad.error, bad.text)
+        replayed = state.journal_records
+        # After a crash the new snapshot is written in the same pass as the queue is rebuilt.
+        out = None
+        if converted or replayed or state.truncated or state.malformed or state.header is None:
+            out = self._new_snapshot(state, queue.topics.to_state(), None)
         dropped: set[int] = set()
         restored = 0
-        for name, lineno, line in live_records(state, files):
-            rec = parse_enqueue(line)
-            try:
-                request = self.codec.decode(rec.payload, spider)
-                c = Classified(rec.topic, slot_key(request), rec.key, rec.key_hash)
-            except (ValueError, MalformedPayload) as exc:
-                dropped.add(rec.seq)
-                self._malformed(name, lineno, str(exc), line)
-                continue
-            queue.push(request, c, now, priority=rec.priority, seq=rec.seq,
-                       count_load=not exact)  # fmt: skip
-            restored += 1
+        try:
+            for name, lineno, line, rec in live_records(state, files):
+                try:
+                    request = self.codec.decode(rec.payload, spider)
+                    c = Classified(rec.topic, slot_key(request), rec.key, rec.key_hash)
+                except (ValueError, MalformedPayload) as exc:
+                    dropped.add(rec.seq)
+                    self._malformed(name, lineno, str(exc), line)
+                    continue
+                queue.push(request, c, now, priority=rec.priority, seq=rec.seq,
+                           count_load=not exact)  # fmt: skip
+                if out is not None:
+                    out.write(line)
+                restored += 1
+        except BaseException:
+            if out is not None:
+                out.close()
+            raise
         if exact and (dropped or sum(queue.directory.load_of(k) for k in queue.directory)
                       != restored):  # fmt: skip
             queue.rebuild_directory()  # the saved loads counted entries that did not come back
@@ -338,8 +371,9 @@ class JobDir:
             self.stats.set_value("banker/jobdir/truncated", state.truncated)
         if malformed:
             self.stats.inc_value("banker/jobdir/malformed", malformed)
-        replayed = state.journal_records
-        if converted or replayed or state.truncated or malformed or state.header is None:
+        if out is not None:
+            self._commit_snapshot(out, state)
+        elif dropped:  # unreadable entries in a clean snapshot: rewrite it without them
             self.compact(queue.topics.to_state(), None, frozenset(dropped))
         else:
             self.snapshot_records = len(state.live) + len(state.done)

@@ -396,7 +396,8 @@ class BankerTools:
     ) -> list[EnqueueOp]:
         """The scheduler's enqueue steps: classify, fingerprint, encode."""
         classify, fingerprint, encode, spider = (
-            self.classifier.classify, self.fingerprint, self.codec.encode, self.spider
+            # What RedisLeaseStore.put stores: the compact payload format.
+            self.classifier.classify, self.fingerprint, self.codec.encode_compact, self.spider
         )  # fmt: skip
         out = []
         for request in batch:

@@ -303,13 +303,16 @@ def _write_seen(path: Path, fingerprints: list[bytes]) -> None:
         path.write_text("".join(fp.hex() + "\n" for fp in fingerprints))
 
 
-def test_requests_seen_without_journal_records_does_not_block_a_url(tmp_path: Path) -> None:
+def test_requests_seen_without_journal_records_does_not_block_a_url(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     job = tmp_path / "job"
     job.mkdir()
     _write_seen(job / "requests.seen",
                 [get_crawler(_Spider).request_fingerprinter.fingerprint(_req(1))])  # fmt: skip
     scheduler = _open(tmp_path)
     assert scheduler.enqueue_request(_req(1))
+    assert "Ignoring 1 fingerprints of JOBDIR/requests.seen" in caplog.text
 
 
 def test_malformed_journal_entries_are_dead_lettered(tmp_path: Path) -> None:

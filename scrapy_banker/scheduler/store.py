@@ -113,10 +113,11 @@ class MemoryStore:
     else.  Scrapy's ``RFPDupeFilter`` is therefore kept in memory only (its
     ``requests.seen`` is not written: it is buffered independently of the
     journal, and after a ``kill -9`` it would hold URLs whose requests were
-    never persisted) and is refilled from the journal at resume.  A custom
-    ``DUPEFILTER_CLASS`` is built as configured and keeps its own files; it
-    is refilled from the journal only if it keeps its fingerprints in a
-    ``set`` as Scrapy's does, and pending requests resume whatever it says.
+    never persisted) and is refilled from the journal at resume; so are its
+    subclasses.  Any other ``DUPEFILTER_CLASS`` is built as configured and
+    keeps its own files; it is refilled from the journal only if it keeps
+    its fingerprints in a ``set`` as Scrapy's does, and pending requests
+    resume whatever it says (they do not pass through it again).
     """
 
     def __init__(
@@ -170,14 +171,25 @@ class MemoryStore:
         """Make the dupefilter's memory exactly the journal's seen set."""
         raw = getattr(self.df, "_fingerprints", None)  # Scrapy >= 2.14: bytes
         if isinstance(raw, set):
+            fresh = {bytes.fromhex(fp) for fp in seen}
+            self._ignored_seen(len(raw - fresh))
             raw.clear()
-            raw.update(bytes.fromhex(fp) for fp in seen)
+            raw.update(fresh)
             return
         hexes = vars(self.df).get("fingerprints")  # Scrapy <= 2.13: hex strings
         if isinstance(hexes, set):
             if isinstance(self.df, RFPDupeFilter):
+                self._ignored_seen(len(hexes - seen))
                 hexes.clear()
             hexes.update(seen)
+
+    def _ignored_seen(self, stale: int) -> None:
+        if stale:
+            logger.warning(
+                "Ignoring %d fingerprints of JOBDIR/requests.seen that no scrapy-banker "
+                "journal records (another scheduler's, or left by a crash): their URLs "
+                "are not treated as seen", stale,
+            )  # fmt: skip
 
     def close(self, reason: str) -> Deferred[None] | None:
         jobdir = self.jobdir

@@ -44,6 +44,9 @@ if ARGV[4] ~= "1" then
       else
         m, k = tonumber(ARGV[6]), tonumber(ARGV[7])
         redis.call("HSET", KEYS[4], "bf", ARGV[6] .. ":" .. ARGV[7])
+        -- A new filter: its string sized once to its exact length (SETBIT
+        -- would grow it greedily, up to twice the bytes it needs).
+        redis.call("SET", KEYS[5], string.rep("\0", math.ceil(m / 8)))
       end
       n = tonumber(g[2] or ARGV[10])
       if not g[2] then
@@ -51,11 +54,6 @@ if ARGV[4] ~= "1" then
       end
       local layers = tonumber(g[3] or "1")
       local filled = tonumber(g[4] or "0")
-      if redis.call("EXISTS", KEYS[5]) == 0 then
-        -- Sized once to its exact length: SETBIT would grow the string
-        -- greedily (up to twice the bytes it needs).
-        redis.call("SET", KEYS[5], string.rep("\0", math.ceil(m / 8)))
-      end
       -- Kirsch-Mitzenmacher: bit i of layer j is (h1 + i*h2) mod m_j; h1, h2 <
       -- 2^32 and i < 64 keep every number below 2^38, exact in a double.
       local h1, h2 = tonumber(ARGV[8]), tonumber(ARGV[9])

@@ -454,6 +454,14 @@ def _dedup_error(name: str, value: Any, ctx: Context) -> float:
     return number
 
 
+def _connect_timeout(name: str, value: Any, ctx: Context) -> float:
+    """Seconds a worker waits for Redis at start-up; 0 waits forever (the old behaviour)."""
+    try:
+        return _as_float(name, value, 0.0, strict=False)
+    except ValueError:
+        raise _bad(name, value, "expected seconds >= 0 (0: wait forever), e.g. 30") from None
+
+
 def _probe_path(name: str, value: Any, ctx: Context) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise _bad(name, value, "expected a path starting with '/'")
@@ -565,6 +573,10 @@ class RedisConfig:
     flush_on_start: bool = setting("BANKER_REDIS_FLUSH_ON_START", False, boolean, group="redis")
     steal: bool = setting("BANKER_REDIS_STEAL", True, boolean, group="redis")
     seen_cache: int = setting("BANKER_REDIS_SEEN_CACHE", 100_000, int_at_least(0), group="redis")
+    connect_timeout: float = setting(
+        "BANKER_REDIS_CONNECT_TIMEOUT", 30.0, _connect_timeout, group="redis"
+    )
+    spill_dir: str | None = setting("BANKER_REDIS_SPILL_DIR", None, _optional_path, group="redis")
     dedup: str = setting("BANKER_DEDUP", "set", one_of("set", "bloom"), group="redis")
     dedup_capacity: int = setting(
         "BANKER_DEDUP_CAPACITY", 100_000_000, int_at_least(1), group="redis"

@@ -8,20 +8,33 @@ raises into the engine and the spider dies (scrapy-redis #108).  Here every
 command is retried by redis-py's own :class:`~redis.retry.Retry` with
 exponential backoff and full jitter, so a fleet does not reconnect in
 lock-step after an outage.
+
+At start-up a worker checks that Redis answers (:func:`wait_for_redis`,
+``BANKER_REDIS_CONNECT_TIMEOUT``), so a wrong address fails the crawl with
+the address it tried -- its password masked (:func:`redacted_url`) --
+instead of a worker that waits silently forever.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from scrapy_banker.settings import SettingsLike, load_config
 
-__all__ = ["redis_cluster_from_settings", "redis_from_settings"]
+__all__ = [
+    "RedisUnreachable",
+    "redacted_url",
+    "redis_cluster_from_settings",
+    "redis_from_settings",
+    "wait_for_redis",
+]
 
 #: Defaults like scrapy-redis's, with bounded timeouts so a dead server is noticed.
 DEFAULT_PARAMS: dict[str, Any] = {
@@ -83,3 +96,107 @@ def _params(settings: SettingsLike) -> dict[str, Any]:
     )
     params["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
     return params
+
+
+class RedisUnreachable(RuntimeError):
+    """Redis did not answer within ``BANKER_REDIS_CONNECT_TIMEOUT`` at start-up."""
+
+
+_SECRET_PARAMS = frozenset({"password", "pass", "pwd", "auth", "token"})
+
+
+def redacted_url(settings: SettingsLike) -> str:
+    """The Redis address a worker uses, as a URL safe to log: the password is ``***``.
+
+    ``REDIS_URL`` when set (a password in its user info or its query string
+    masked), else ``redis://HOST:PORT/DB`` from ``REDIS_HOST``/``REDIS_PORT``/
+    ``REDIS_DB`` and ``REDIS_PARAMS`` (redis-py's defaults otherwise).
+    """
+    url = settings.get("REDIS_URL", None)
+    if isinstance(url, str) and url:
+        return _mask(url)
+    extra = settings.get("REDIS_PARAMS", None) or {}
+    extra = extra if isinstance(extra, dict) else {}
+
+    def pick(name: str, key: str, default: Any) -> Any:
+        return settings.get(name, None) or extra.get(key) or default
+
+    host = pick("REDIS_HOST", "host", "localhost")
+    port = pick("REDIS_PORT", "port", 6379)
+    db = pick("REDIS_DB", "db", 0)
+    auth = ":***@" if extra.get("password") else ""
+    return f"redis://{auth}{host}:{port}/{db}"
+
+
+def _mask(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostport = netloc.rpartition("@")
+            user, sep, _password = userinfo.partition(":")
+            netloc = f"{user}:***@{hostport}" if sep or user else f"***@{hostport}"
+            if not sep and user:  # redis://secret@host: redis-py reads it as the password
+                netloc = f":***@{hostport}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            query = urlencode(
+                [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*"
+            )
+        # Built by hand: urlunsplit would turn unix:///path into unix:/path.
+        return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+    except ValueError:
+        # Unparseable: show the scheme only, never the rest (it may hold the password).
+        return url.split(":", 1)[0] + "://***"
+
+
+def wait_for_redis(
+    client: redis.Redis | RedisCluster, timeout: float, url: str, *, poll_s: float = 0.5
+) -> None:
+    """Return once Redis answers a PING; :class:`RedisUnreachable` after ``timeout`` s.
+
+    Why not just start: a worker whose Redis is wrong would otherwise wait
+    and retry forever behind one warning, looking alive.  Each attempt on a
+    single server uses its own connection with no retries and a connect
+    timeout of at most the time left, so the deadline holds even for an
+    address that swallows packets.  ``url`` is what the error names (see
+    :func:`redacted_url`).
+    """
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            _ping_once(client, max(0.1, left))
+            return
+        except (redis.RedisError, OSError) as exc:
+            last = exc
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(poll_s, left))
+    raise RedisUnreachable(
+        f"Redis at {url} did not answer within {timeout:g} s "
+        f"(BANKER_REDIS_CONNECT_TIMEOUT; 0 waits forever): {last}"
+    )
+
+
+def _ping_once(client: redis.Redis | RedisCluster, connect_timeout: float) -> None:
+    if isinstance(client, RedisCluster):
+        client.ping()
+        return
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    given = kwargs.get("socket_connect_timeout") or connect_timeout
+    kwargs["socket_connect_timeout"] = min(float(given), connect_timeout)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs.pop("retry_on_error", None)
+    probe = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, **kwargs
+    ))  # fmt: skip
+    try:
+        probe.ping()
+    finally:
+        probe.close()
+        probe.connection_pool.disconnect()

@@ -13,6 +13,12 @@ thread; the reactor only touches in-memory queues, so neither a slow nor a
 dead Redis stalls the downloads already buffered.  Leased requests are put in
 the scheduler's :class:`~scrapy_banker.scheduler.queue.LocalQueue`, so topics,
 politeness and admission work exactly as in one process.
+
+At start the store waits for Redis (``BANKER_REDIS_CONNECT_TIMEOUT``) and
+fails the crawl with the address it tried if Redis never answers; at stop,
+queue operations Redis never received are written to a spill file
+(:mod:`scrapy_banker.spill`) that the next worker with the same spill
+directory replays before anything else.
 """
 
 from __future__ import annotations
@@ -26,27 +32,39 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.job import job_dir
+from scrapy.utils.project import data_path
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from scrapy_banker._engine import looping_call, requests_in_progress, wake_engine
 from scrapy_banker.meta import META_LEASE, META_SLOT
 from scrapy_banker.netaware import Prober, link_stats, site_of
-from scrapy_banker.redis.connection import redis_cluster_from_settings, redis_from_settings
+from scrapy_banker.redis.connection import (
+    RedisUnreachable,
+    redacted_url,
+    redis_cluster_from_settings,
+    redis_from_settings,
+    wait_for_redis,
+)
 from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
 from scrapy_banker.scheduler.sampler import take_sample
 from scrapy_banker.serialize import MalformedPayload, UnserializableRequest
 from scrapy_banker.settings import ops_config, placement_config, redis_config
+from scrapy_banker.spill import ClaimedSpill, SpillDir, SpillHeader, SpillOps, merge
 from scrapy_banker.telemetry import FleetSample, sample_json
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import redis
     from redis.cluster import RedisCluster
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from twisted.internet.defer import Deferred
+    from twisted.python.failure import Failure
     from typing_extensions import Self
 
     from scrapy_banker.frontier import Entry
@@ -58,7 +76,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PlacementHook", "RedisLeaseStore", "lease_of", "placement_for"]
+__all__ = ["PlacementHook", "RedisLeaseStore", "lease_of", "placement_for", "spill_dir"]
 
 #: Meta keys that describe one delivery and must not travel with a new request
 #: (a retry or redirect copies ``meta``).
@@ -72,6 +90,28 @@ ACK_SCAN_INTERVAL_S = 0.005
 #: operator's view soon after, without any clean-up.
 TELEMETRY_TTL_INTERVALS = 3
 TELEMETRY_MIN_TTL_S = 5.0
+#: Where spill files go inside ``JOBDIR`` ...
+JOBDIR_SPILL = "banker-redis-spill"
+#: ... and, without ``JOBDIR`` or ``BANKER_REDIS_SPILL_DIR``, in the project's
+#: data directory (``.scrapy/``, like Scrapy's ``HTTPCACHE_DIR``), per spider.
+DEFAULT_SPILL = "banker-spill/%(spider)s"
+
+
+def spill_dir(crawler: Crawler, spider_name: str) -> str:
+    """The spill directory of this crawl: ``BANKER_REDIS_SPILL_DIR``, else JOBDIR's, else default.
+
+    A relative path is resolved like ``HTTPCACHE_DIR``: inside a Scrapy
+    project, under its ``.scrapy`` directory; elsewhere under ``./.scrapy``.
+    The same directory on the next start is what makes the replay happen.
+    """
+    configured = redis_config(crawler).spill_dir
+    if configured:
+        return data_path(configured)
+    jobdir = job_dir(crawler.settings)
+    if jobdir:
+        return os.path.join(jobdir, JOBDIR_SPILL)
+    safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in spider_name) or "spider"
+    return data_path(DEFAULT_SPILL % {"spider": safe})
 
 
 def lease_of(request: Request, partitions: int) -> LeaseToken | None:
@@ -133,6 +173,20 @@ def placement_for(
 
     prober = Prober(pconfig, send_probe, crawler.stats, measured=links.samples, node=node)
     return PlacementHook(agent, prober)
+
+
+class _Stopped:
+    """What stopping the worker left: unsent operations and where they were spilled."""
+
+    __slots__ = ("error", "ops", "path", "unsent")
+
+    def __init__(
+        self, unsent: int, ops: SpillOps | None, path: Path | None, error: OSError | None
+    ) -> None:
+        self.unsent = unsent
+        self.ops = ops
+        self.path = path
+        self.error = error
 
 
 class RedisLeaseStore:
@@ -213,6 +267,14 @@ class RedisLeaseStore:
         self._telemetry_key = self.frontier.keyspace.telemetry(self.node)
         self._next_telemetry = 0.0
         self._telemetry_failed = False
+        #: Where to replay from at start and spill to at stop.
+        spider_name = getattr(getattr(self.crawler, "spidercls", None), "name", None) or "spider"
+        self.spill = SpillDir(spill_dir(self.crawler, spider_name))
+        #: Spill files being replayed; removed once Redis confirmed all of them.
+        self._claimed: list[ClaimedSpill] = []
+        self._started = False
+        #: The address tried, password masked, for the start-up error.
+        self._url = redacted_url(settings)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, parts: SchedulerParts) -> Self:
@@ -237,17 +299,85 @@ class RedisLeaseStore:
         )  # fmt: skip
         self._ticker = looping_call(self._tick)
         self._ticker.start(0.1, now=False)
-        if self.rconfig.flush_on_start:
-            d: Deferred[Any] = deferToThread(self.frontier.clear)
-            d.addCallback(self._flushed)
-            return d
-        self.worker.start()
-        return None
+        # Off the reactor: waiting for Redis, clearing it and reading spill
+        # files are all blocking I/O.
+        d: Deferred[Any] = deferToThread(self._prepare)
+        d.addCallbacks(self._prepared, self._unreachable)
+        return d
 
-    def _flushed(self, deleted: int) -> None:
-        logger.info("BANKER_REDIS_FLUSH_ON_START: deleted %d keys of %r", deleted,
-                    self.rconfig.prefix)  # fmt: skip
+    def _prepare(self) -> tuple[int | None, list[ClaimedSpill]]:
+        """Wait for Redis, flush it if asked, claim the spill files of an earlier worker."""
+        timeout = self.rconfig.connect_timeout
+        if timeout > 0:  # 0: start anyway, the worker thread rides out the outage
+            wait_for_redis(self.client, timeout, self._url)
+        deleted = self.frontier.clear() if self.rconfig.flush_on_start else None
+        try:
+            claimed, foreign = self.spill.claim(self.rconfig.prefix, self.rconfig.partitions)
+        except OSError as exc:
+            logger.error("Cannot read the spill directory %s (%s): nothing replayed",
+                         self.spill.path, exc)  # fmt: skip
+            return deleted, []
+        for path in foreign:
+            logger.error(
+                "Spill file %s belongs to another crawl (another BANKER_REDIS_PREFIX or "
+                "BANKER_REDIS_PARTITIONS): not replayed, left in place", path,
+            )  # fmt: skip
+            self.stats.inc_value("banker/redis/spill/skipped")
+        if deleted is not None and claimed:
+            # They belong to the crawl that was just flushed: set aside, not replayed.
+            for c in claimed:
+                aside = c.path.with_name(c.path.name + ".flushed")
+                os.replace(c.path, aside)
+                c.release(remove=False)
+                logger.warning(
+                    "BANKER_REDIS_FLUSH_ON_START: spill file of the flushed crawl set aside "
+                    "as %s, not replayed", aside,
+                )  # fmt: skip
+            claimed = []
+        return deleted, claimed
+
+    def _prepared(self, result: tuple[int | None, list[ClaimedSpill]]) -> None:
+        deleted, claimed = result
+        if deleted is not None:
+            logger.info("BANKER_REDIS_FLUSH_ON_START: deleted %d keys of %r", deleted,
+                        self.rconfig.prefix)  # fmt: skip
+        if claimed:
+            ops = merge(c.parsed.ops for c in claimed)
+            bad = sum(len(c.parsed.bad) for c in claimed)
+            for c in claimed:
+                if c.parsed.bad:
+                    first = c.parsed.bad[0]
+                    logger.error(
+                        "Spill file %s: %d malformed lines skipped, kept in %s (line %d: %s)",
+                        c.path, len(c.parsed.bad), c.bad_path, first.number, first.reason,
+                    )  # fmt: skip
+            if bad:
+                self.stats.inc_value("banker/redis/spill/malformed", bad)
+            logger.info(
+                "Replaying %d queue operations (%s) that a worker could not send to Redis, "
+                "from %s", len(ops), ops.describe(), ", ".join(str(c.path) for c in claimed),
+            )  # fmt: skip
+            self._claimed = claimed
+            self.worker.replay(ops, self._replayed)
+        self._started = True
         self.worker.start()
+
+    def _unreachable(self, failure: Failure) -> Failure:
+        if self._ticker is not None and self._ticker.running:
+            self._ticker.stop()
+        if isinstance(failure.value, RedisUnreachable):
+            # Said here in one line: Scrapy then logs the traceback of the failed start.
+            logger.critical("%s", failure.value)
+        return failure
+
+    def _replayed(self) -> None:
+        """On the worker thread: Redis confirmed every spilled operation; the files can go."""
+        claimed, self._claimed = self._claimed, []
+        for c in claimed:
+            c.release(remove=True)
+        if claimed:
+            logger.info("Spilled queue operations replayed into Redis; removed %s",
+                        ", ".join(str(c.path) for c in claimed))  # fmt: skip
 
     def close(self, reason: str) -> Deferred[None] | None:
         if self._ticker is not None and self._ticker.running:
@@ -270,20 +400,56 @@ class RedisLeaseStore:
                 local_only,
             )
         self._publish_counters()
-        d: Deferred[int] = deferToThread(self.worker.stop)
+        if not self._started:  # the start failed: nothing was sent, nothing to stop
+            for c in self._claimed:
+                c.release(remove=False)
+            return None
+        d: Deferred[_Stopped] = deferToThread(self._stop_and_spill)
         d.addCallback(self._stopped)
         return d  # type: ignore[return-value]
 
-    def _stopped(self, unsent: int) -> None:
+    def _stop_and_spill(self) -> _Stopped:
+        """Off the reactor: flush, leave the fleet, write what Redis never got to a spill file."""
+        unsent = self.worker.stop()
+        if not unsent:
+            return _Stopped(0, None, None, None)
+        ops = self.worker.take_unsent()
+        header = SpillHeader(
+            self.rconfig.prefix, self.rconfig.partitions, self.node,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )  # fmt: skip
+        try:
+            path = self.spill.write(header, ops)
+        except OSError as exc:
+            return _Stopped(unsent, ops, None, exc)
+        # What was left of the spill files being replayed is in the new one now.
+        claimed, self._claimed = self._claimed, []
+        for c in claimed:
+            c.release(remove=True)
+        return _Stopped(unsent, ops, path, None)
+
+    def _stopped(self, result: _Stopped) -> None:
         self._publish_counters()
-        if unsent:
+        if not result.unsent:
+            return
+        self.stats.set_value("banker/redis/unsent_at_close", result.unsent)
+        ops = result.ops
+        assert ops is not None
+        if result.path is not None:
             logger.error(
-                "Redis stayed unreachable: %d queue operations were not sent; the "
-                "requests they concern stay leased in Redis and are delivered again "
-                "after BANKER_REDIS_LEASE_TTL",
-                unsent,
-            )
-            self.stats.set_value("banker/redis/unsent_at_close", unsent)
+                "Redis stayed unreachable: %d queue operations were not sent (%s); they are "
+                "saved in %s and replayed into Redis by the next worker started with this "
+                "spill directory (JOBDIR or BANKER_REDIS_SPILL_DIR)",
+                len(ops), ops.describe(), result.path,
+            )  # fmt: skip
+            self.stats.set_value("banker/redis/spill/written", len(ops))
+        else:
+            logger.error(
+                "Redis stayed unreachable: %d queue operations were not sent (%s) and could "
+                "not be saved in %s (%s): the requests of the enqueues are lost; leased "
+                "requests are delivered again after BANKER_REDIS_LEASE_TTL",
+                len(ops), ops.describe(), self.spill.path, result.error,
+            )  # fmt: skip
 
     # -- the store protocol -----------------------------------------------------------
 

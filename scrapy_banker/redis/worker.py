@@ -32,7 +32,11 @@ this thread does all the I/O, batched:
   <scrapy_banker.redis.registry.NodeRegistry.steal>`);
 * when Redis is unreachable it keeps everything queued in memory and retries
   with jittered exponential backoff (on top of redis-py's own ``Retry``);
-  when it is idle it polls less and less often, up to a cap.
+  when it is idle it polls less and less often, up to a cap;
+* operations a previous worker spilled to disk (:mod:`scrapy_banker.spill`)
+  are replayed before anything else (:meth:`FrontierWorker.replay`), and what
+  is still unsent when it stops is handed out for spilling
+  (:meth:`FrontierWorker.take_unsent`).
 
 Nothing here imports Scrapy or Twisted: the scheduler hands in an
 ``on_ready`` callback that wakes its engine from this thread.
@@ -49,17 +53,14 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken
+from scrapy_banker.spill import SpilledEnqueue, SpilledLease, SpillOps, merge
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy_banker.partitions import Move, PartitionTable
-    from scrapy_banker.redis.frontier import (
-        Census,
-        EnqueueOp,
-        Leased,
-        LeaseToken,
-        RedisFrontier,
-    )
+    from scrapy_banker.redis.frontier import Census, Leased, RedisFrontier
     from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.redis.registry import NodeRegistry
 
@@ -195,6 +196,10 @@ class FrontierWorker:
         #: The latest telemetry write (key, JSON, expiry in ms), replaced whole
         #: by the reactor thread; a newer one supersedes an unsent one.
         self._telemetry: tuple[str, str, int] | None = None
+        #: Spilled operations of an earlier worker, sent before anything else;
+        #: what is left of them (confirmed batches are removed).
+        self._replay: SpillOps | None = None
+        self._on_replayed: Callable[[], None] | None = None
 
     # -- reactor-thread API ---------------------------------------------------------
 
@@ -203,6 +208,19 @@ class FrontierWorker:
             target=self._run, name=f"banker-redis-{self.node}", daemon=True
         )
         self._thread.start()
+
+    def replay(self, ops: SpillOps, on_done: Callable[[], None]) -> None:
+        """Before :meth:`start`: send ``ops`` (a spill) first; ``on_done`` once Redis took all.
+
+        ``on_done`` runs on this worker's thread, after Redis confirmed the
+        last batch: only then may the spill file go.  Replaying is
+        idempotent (dedup; delivery-numbered acks and nacks), so a replay cut
+        short by an outage is simply sent again.
+        """
+        self._replay = ops if len(ops) else None
+        self._on_replayed = on_done if len(ops) else None
+        if not len(ops):
+            on_done()
 
     def enqueue(self, op: EnqueueOp) -> None:
         with self._lock:
@@ -251,8 +269,31 @@ class FrontierWorker:
             self._wake.set()
 
     def pending_ops(self) -> int:
+        """Operations not confirmed by Redis yet, a spill being replayed included."""
+        replay = self._replay
         with self._lock:
-            return len(self._enqueues) + len(self._dead) + len(self._acks) + len(self._nacks)
+            return (
+                len(self._enqueues) + len(self._dead) + len(self._acks) + len(self._nacks)
+                + (len(replay) if replay is not None else 0)
+            )  # fmt: skip
+
+    def take_unsent(self) -> SpillOps:
+        """After :meth:`stop`: every operation Redis never confirmed, for a spill file.
+
+        What is left of a replayed spill comes first, then this run's own
+        operations, each kind in the order it was queued.
+        """
+        with self._lock:
+            own = SpillOps(
+                [SpilledEnqueue(o.partition, o.fingerprint, o.payload, int(o.priority),
+                                bool(o.dont_filter)) for o in self._enqueues],
+                [(_spilled(t), reason) for t, reason in self._dead],
+                [_spilled(t) for t in self._acks],
+                [_spilled(t) for t in self._nacks],
+            )  # fmt: skip
+            self._enqueues, self._dead, self._acks, self._nacks = [], [], [], []
+        replay, self._replay, self._on_replayed = self._replay, None, None
+        return merge([replay, own]) if replay is not None else own
 
     def take_counters(self) -> dict[str, int]:
         """Counters since the last call, for the scheduler to add to the crawl stats."""
@@ -274,6 +315,8 @@ class FrontierWorker:
         deadline = self.clock() + timeout
         while self.pending_ops() and self.clock() < deadline:
             try:
+                if self._replay is not None:
+                    self._send_replay()
                 self._flush()
             except REDIS_ERRORS as exc:
                 logger.warning("Redis unavailable while stopping (%s); retrying", exc)
@@ -338,10 +381,16 @@ class FrontierWorker:
             )
         self.connected = False
         self._error_sleep = min(self.error_backoff_max_s, max(0.1, self._error_sleep * 2))
-        # Full jitter, so a fleet does not reconnect in lock-step.
-        time.sleep(random.uniform(0, self._error_sleep))
+        # Full jitter, so a fleet does not reconnect in lock-step; cut short by
+        # stop(), whose own flush takes over (and gets the full join timeout).
+        until = time.monotonic() + random.uniform(0, self._error_sleep)
+        while not self._stopping and (left := until - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
 
     def _step(self) -> bool:
+        if self._replay is not None:
+            self._send_replay()
+            return True
         now = self.clock()
         if now >= self._next_beat:
             self._heartbeat()
@@ -534,6 +583,48 @@ class FrontierWorker:
             self._nonempty.update(t.partition for t in nacks if t.partition in self.owned)
         return 1
 
+    def _send_replay(self) -> None:
+        """Send the spill being replayed, enqueues first, dropping each batch Redis confirmed."""
+        replay = self._replay
+        assert replay is not None
+        while replay.enqueues:
+            batch = [
+                EnqueueOp(e.partition, e.fingerprint, e.payload, e.priority, e.dont_filter)
+                for e in replay.enqueues[: self.enqueue_batch]
+            ]
+            last = len(batch) == len(replay.enqueues)
+            dead = [(_token(s), reason) for s, reason in replay.dead] if last else []
+            acks = [_token(s) for s in replay.acks] if last else []
+            nacks = [_token(s) for s in replay.nacks] if last else []
+            done = self.frontier.flush(batch, dead, _refs(acks), _refs(nacks))
+            self._enqueued(batch, done.enqueued)
+            del replay.enqueues[: len(batch)]
+            self._count("banker/redis/spill/replayed", len(batch))
+            self._count("banker/redis/spill/enqueued", sum(r is not None for r in done.enqueued))
+            if last:
+                self._replayed_rest(replay, done.dead_lettered, done.acked, done.nacked)
+        if len(replay):  # no enqueue left, or none at all
+            dead = [(_token(s), reason) for s, reason in replay.dead]
+            acks = [_token(s) for s in replay.acks]
+            nacks = [_token(s) for s in replay.nacks]
+            done = self.frontier.flush([], dead, _refs(acks), _refs(nacks))
+            self._replayed_rest(replay, done.dead_lettered, done.acked, done.nacked)
+        self._replay = None
+        on_done, self._on_replayed = self._on_replayed, None
+        if on_done is not None:
+            on_done()
+
+    def _replayed_rest(self, replay: SpillOps, dead: int, acked: int, nacked: int) -> None:
+        """The spill's dead letters, acks and nacks were confirmed (stale ones did nothing)."""
+        self._count("banker/redis/spill/replayed", len(replay.dead) + len(replay.acks)
+                    + len(replay.nacks))  # fmt: skip
+        self._count("banker/redis/dead_lettered", dead)
+        self._count("banker/redis/acked", acked)
+        self._count("banker/redis/nacked", nacked)
+        replay.dead.clear()
+        replay.acks.clear()
+        replay.nacks.clear()
+
     def _enqueued(self, ops: list[EnqueueOp], results: list[str | None]) -> None:
         """Bookkeeping of an enqueue batch Redis answered."""
         owned, table = self.owned, self.table
@@ -637,6 +728,14 @@ class FrontierWorker:
             if self.on_ready is not None:
                 self.on_ready()
         return got
+
+
+def _spilled(token: LeaseToken) -> SpilledLease:
+    return SpilledLease(token.partition, token.id, token.delivery)
+
+
+def _token(lease: SpilledLease) -> LeaseToken:
+    return LeaseToken(lease.partition, lease.id, lease.delivery)
 
 
 def _refs(tokens: list[LeaseToken]) -> dict[int, list[str]]:

@@ -206,11 +206,11 @@ class Mode:
     zipf_s: float = 0.3
 
 
-QUICK = Mode(workers=3, hosts=240, total_pages=11000, latency_ms=200.0, duration_s=140.0,
+QUICK = Mode(workers=3, hosts=240, total_pages=15000, latency_ms=200.0, duration_s=150.0,
              timeout_s=420.0)  # fmt: skip
 FULL = Mode(workers=4, hosts=600, total_pages=62000, latency_ms=200.0, duration_s=780.0,
             timeout_s=1500.0)  # fmt: skip
-TINY = Mode(workers=3, hosts=40, total_pages=2400, latency_ms=100.0, duration_s=30.0,
+TINY = Mode(workers=3, hosts=40, total_pages=3000, latency_ms=150.0, duration_s=25.0,
             timeout_s=120.0, warmup_s=4.0, gap_s=(3.0, 5.0))  # fmt: skip
 
 
@@ -320,6 +320,8 @@ class Event:
     detail: dict[str, Any] = field(default_factory=dict)
     bound: int = 0
     bound_estimated: bool = False
+    #: Wall-clock time of a SIGKILL / SIGSTOP (keys :attr:`Blame.per_event`).
+    wall: float = 0.0
 
 
 class Chaos:
@@ -447,7 +449,7 @@ class Chaos:
         held, estimated = self._held(victim.name)
         pause = round(self.rng.uniform(2.0, 6.0), 2)
         event = Event("worker_kill", self.now(), victim.name, {"restart_after_s": pause},
-                      held, estimated)  # fmt: skip
+                      held, estimated, victim.killed_at)  # fmt: skip
         self._record(event)
         self.restarts_pending += 1
 
@@ -470,7 +472,10 @@ class Chaos:
         victim.stopped_at = time.time()
         held, estimated = self._held(victim.name)
         stop_s = round(max(LEASE_TTL_S, NODE_TIMEOUT_S) + self.rng.uniform(2.0, 4.0), 2)
-        event = Event("zombie", self.now(), victim.name, {"stopped_s": stop_s}, held, estimated)
+        event = Event(
+            "zombie", self.now(), victim.name, {"stopped_s": stop_s}, held, estimated,
+            victim.stopped_at,
+        )  # fmt: skip
         self._record(event)
         self.stops_pending += 1
 
@@ -531,7 +536,7 @@ class Chaos:
                            {"id": request_id}))  # fmt: skip
 
     def finish_faults(self) -> None:
-        """Run every pending restart and SIGCONT now: the fleet finishes on its own."""
+        """Run every pending restart and SIGCONT now (the end of the soak, or a timeout)."""
         while self._queue:
             _, _, what, action = heapq.heappop(self._queue)
             try:
@@ -573,62 +578,95 @@ def _read_fetch_logs(incarnations: Sequence[Incarnation]) -> dict[str, list[tupl
     return out
 
 
+@dataclass
+class Blame:
+    """What :func:`attribute_duplicates` found."""
+
+    #: Duplicate fetches per cause (module docstring).
+    causes: Counter[str] = field(default_factory=Counter)
+    #: Duplicates per event: (victim, wall time of its SIGKILL / SIGSTOP).
+    per_event: Counter[tuple[str, float]] = field(default_factory=Counter)
+    #: Seconds from SIGCONT to each fetch blamed on a resumed zombie.
+    zombie_delays: list[float] = field(default_factory=list)
+    unexplained: list[dict[str, Any]] = field(default_factory=list)
+    #: URLs whose logged fetches differ in number from the farm's count.
+    mismatches: int = 0
+
+
+def _resumed(inc: Incarnation | None, t: float) -> tuple[float, float] | None:
+    """The (SIGSTOP, SIGCONT) episode of ``inc`` whose resume window holds ``t``."""
+    if inc is None:
+        return None
+    for stop, cont in inc.stops:
+        if cont is not None and cont <= t <= cont + ZOMBIE_WINDOW_S:
+            return stop, cont
+    return None
+
+
 def attribute_duplicates(
     fetches: dict[str, int],
     logs: dict[str, list[tuple[float, str]]],
     incarnations: Sequence[Incarnation],
-) -> tuple[Counter[str], list[dict[str, Any]], int]:
-    """Blame each duplicate fetch (module docstring): by cause, unexplained ones, mismatches."""
+) -> Blame:
+    """Blame each duplicate fetch on the fault that explains it (see the module docstring).
+
+    ``fetches`` is the farm's count per URL (the truth), ``logs`` the
+    workers' fetch logs (who fetched when).  For the ``i``-th fetch of a URL
+    (``i >= 1``), in this order: the fetcher is a zombie within
+    :data:`ZOMBIE_WINDOW_S` of its SIGCONT and another worker fetched the URL
+    before (``zombie_fetched_after_resume``); an earlier fetch was by a
+    worker killed / stopped at most :data:`HELD_WINDOW_S` later
+    (``worker_kill`` / ``zombie_redelivery``); an earlier fetch was a
+    resumed zombie's (``zombie_fetched_after_resume``: it fetched first, the
+    owner again); else ``unexplained``.
+    """
     by_name = {inc.name: inc for inc in incarnations}
-    causes: Counter[str] = Counter()
-    unexplained: list[dict[str, Any]] = []
-    mismatches = 0
+    blame = Blame()
     for url, count in fetches.items():
         if count < 2:
             continue
         logged = logs.get(url, [])
         if len(logged) != count:
-            mismatches += 1
+            blame.mismatches += 1
         extra = count - 1
         if len(logged) < 2:
-            causes["unattributed"] += extra
+            blame.causes["unattributed"] += extra
             continue
-        for i in range(1, len(logged)):
-            if i > extra:
-                break
+        for i in range(1, min(len(logged), extra + 1)):
             t, who = logged[i]
             earlier = logged[:i]
-            cause = None
+            cause: str | None = None
+            event: tuple[str, float] | None = None
+            episode = _resumed(by_name.get(who), t)
+            if episode is not None and any(we != who for _, we in earlier):
+                cause, event = "zombie_fetched_after_resume", (who, episode[0])
+                blame.zombie_delays.append(t - episode[1])
             for te, we in earlier:
                 inc = by_name.get(we)
-                if inc is None:
-                    continue
-                if we == who:
+                if cause is not None or inc is None or we == who:
                     continue
                 if inc.killed_at is not None and inc.killed_at - HELD_WINDOW_S <= te <= (
                     inc.killed_at
                 ):
-                    cause = "worker_kill"
-                    break
-                if any(stop - HELD_WINDOW_S <= te <= stop for stop, _ in inc.stops):
-                    cause = "zombie_redelivery"
-                    break
-            if cause is None:
-                for te, we in [*earlier, (t, who)]:
-                    inc = by_name.get(we)
-                    if inc is not None and any(
-                        cont is not None and cont <= te <= cont + ZOMBIE_WINDOW_S
-                        for _, cont in inc.stops
-                    ):
-                        cause = "zombie_fetched_after_resume"
-                        break
+                    cause, event = "worker_kill", (we, inc.killed_at)
+                for stop, _ in inc.stops:
+                    if cause is None and stop - HELD_WINDOW_S <= te <= stop:
+                        cause, event = "zombie_redelivery", (we, stop)
+            for te, we in earlier:
+                episode = _resumed(by_name.get(we), te)
+                if cause is None and episode is not None:
+                    cause, event = "zombie_fetched_after_resume", (we, episode[0])
+                    blame.zombie_delays.append(te - episode[1])
             if cause is None:
                 cause = "unexplained"
-                if len(unexplained) < 20:
-                    unexplained.append({"url": url, "fetches": [[round(x, 3), w] for x, w in
-                                                                logged]})  # fmt: skip
-            causes[cause] += 1
-    return causes, unexplained, mismatches
+                if len(blame.unexplained) < 20:
+                    blame.unexplained.append(
+                        {"url": url, "fetches": [[round(x, 3), w] for x, w in logged]}
+                    )
+            blame.causes[cause] += 1
+            if event is not None:
+                blame.per_event[event] += 1
+    return blame
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -647,6 +685,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="seconds before the crawl is declared stuck")  # fmt: skip
     parser.add_argument("--appendfsync", choices=("always", "everysec"), default="always",
                         help="redis-server's AOF fsync policy")  # fmt: skip
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the workers' logs, stats and fetch logs (path on stderr)",
+    )
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help="comma-separated fault kinds to inject (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -685,7 +728,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server = stack.enter_context(RedisServer(extra_args=[
             "--appendonly", "yes", "--appendfsync", args.appendfsync,
         ]))  # fmt: skip
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-")))
+        if args.keep:
+            workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-")))
         expected = farm.expected_urls()
         _log(
             f"chaos soak, seed {args.seed}: {mode.workers} workers x {mode.concurrent} "
@@ -718,8 +764,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     _log(f"!! fault {upcoming[1]} failed at t={now:.1f}: {exc!r}")
                 upcoming = next(plan_iter, None)
             if upcoming is None and faults_over_at is None:
+                # Pending restarts and SIGCONTs still run on time: a zombie
+                # resumed early would not have outlived its leases.
                 faults_over_at = now
-                chaos.finish_faults()
                 _log(f"t={now:6.1f} faults over; the fleet finishes the crawl")
             if faults_over_at is not None and chaos.all_exited() and not chaos.pending:
                 break
@@ -749,7 +796,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         duplicates = sum(c - 1 for c in fetches.values() if c > 1)
         max_per_host = max((int(n) for n in stats["max_inflight_per_host"].values()), default=0)
         logs = _read_fetch_logs(incarnations)
-        causes, unexplained, mismatches = attribute_duplicates(fetches, logs, incarnations)
+        blame = attribute_duplicates(fetches, logs, incarnations)
         try:
             letters = list_dead_letters(chaos.client, chaos.frontier.keyspace)
         except Exception as exc:
@@ -811,9 +858,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lost_sample": lost_urls[:20],
             "duplicates": duplicates,
             "duplicates_bound": bound,
-            "duplicates_by_cause": dict(sorted(causes.items())),
-            "unexplained_duplicates": unexplained,
-            "fetch_log_mismatches": mismatches,
+            "duplicates_by_cause": dict(sorted(blame.causes.items())),
+            "zombie_stale_fetch_delay_s": [
+                round(min(blame.zombie_delays), 3),
+                round(max(blame.zombie_delays), 3),
+            ]
+            if blame.zombie_delays
+            else None,
+            "unexplained_duplicates": blame.unexplained,
+            "fetch_log_mismatches": blame.mismatches,
             "max_concurrent_per_host": max_per_host,
             "per_host_limit": PER_HOST,
             "politeness_violations": violations,
@@ -831,7 +884,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "target": e.target,
                     **e.detail,
                     **(
-                        {"held": e.bound, "bound_estimated": e.bound_estimated}
+                        {
+                            "held": e.bound,
+                            "bound_estimated": e.bound_estimated,
+                            "duplicates_caused": blame.per_event.get((e.target or "", e.wall), 0),
+                        }
                         if e.kind in ("worker_kill", "zombie")
                         else {}
                     ),

@@ -1,0 +1,122 @@
+"""The chaos soak (``benchmarks/chaos.py``): a short seeded run, and its bookkeeping.
+
+The short run is the benchmark's ``--tiny`` mode as a subprocess (as a user
+runs it): three real workers, a real ``redis-server`` with AOF, the farm, and
+one fault of every kind -- worker SIGKILL, Redis SIGKILL + restart,
+``CLIENT PAUSE``, ``DEBUG SLEEP``, a zombie worker SIGSTOP'd past its lease
+TTL, a malformed payload -- in under a minute.  It asserts the soak's
+targets, which are the frontier's guarantees: nothing lost, duplicates within
+what the kills can explain, the per-host limit held fleet-wide, the garbage
+dead-lettered with its reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+
+def _chaos(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module("chaos")
+
+
+def _run(*args: str, timeout: float = 150) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "chaos.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert isinstance(result, dict)
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_tiny_soak_loses_nothing_through_every_kind_of_fault() -> None:
+    result = _run("--tiny", "--seed", "3")
+    for key in (
+        "faults_injected", "lost", "duplicates", "duplicates_bound",
+        "max_concurrent_per_host", "per_host_limit", "dead_lettered", "targets_met",
+    ):  # fmt: skip
+        assert key in result, key
+    faults = result["faults_injected"]
+    # Every kind at least once (the tiny schedule is one shuffled round and more).
+    assert all(faults[kind] >= 1 for kind in faults), faults
+    assert result["pages_served"] >= result["expected_pages"] > 0
+    assert result["lost"] == 0, result["lost_sample"]
+    assert result["duplicates"] <= result["duplicates_bound"], result["duplicates_by_cause"]
+    assert result["duplicates_by_cause"].get("zombie_fetched_after_resume", 0) == 0
+    assert result["max_concurrent_per_host"] <= result["per_host_limit"], result[
+        "politeness_violations"
+    ]
+    dead = result["dead_lettered"]
+    assert dead["planted"] >= 1
+    assert dead["planted_found"] == dead["planted"]
+    assert all(reason.startswith("malformed") for reason in dead["reasons"]), dead["reasons"]
+    assert result["worker_errors"] == {}
+    assert not result["timed_out"]
+    assert result["targets_met"] is True
+
+
+def test_schedule_is_seeded_and_mixes_every_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    chaos = _chaos(monkeypatch)
+    plan = chaos.schedule(random.Random(5), chaos.QUICK)
+    assert plan == chaos.schedule(random.Random(5), chaos.QUICK)
+    assert plan != chaos.schedule(random.Random(6), chaos.QUICK)
+    times = [t for t, _ in plan]
+    assert times == sorted(times)
+    assert times[0] == chaos.QUICK.warmup_s and times[-1] <= chaos.QUICK.duration_s
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(chaos.QUICK.gap_s[0] - 0.01 <= g <= chaos.QUICK.gap_s[1] + 0.01 for g in gaps)
+    # Shuffled rounds: the first len(KINDS) faults are one of each kind.
+    assert sorted(k for _, k in plan[: len(chaos.KINDS)]) == sorted(chaos.KINDS)
+
+
+def test_duplicates_are_blamed_on_the_fault_that_explains_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    chaos = _chaos(monkeypatch)
+
+    def inc(slot: int, gen: int, **kw: Any) -> Any:
+        return chaos.Incarnation(slot, gen, None, tmp_path / f"w{slot}.{gen}", 0.0, **kw)
+
+    killed = inc(0, 0, killed_at=100.0)
+    zombie = inc(1, 0, stops=[(200.0, 212.0)])
+    other = inc(2, 0)
+    logs = {
+        "a": [(99.5, "w0.0"), (105.0, "w2.0")],  # in flight at the kill
+        "b": [(199.0, "w1.0"), (209.0, "w2.0")],  # held by the zombie when stopped
+        "c": [(210.0, "w2.0"), (212.5, "w1.0")],  # the zombie fetched the new owner's
+        "d": [(50.0, "w2.0"), (60.0, "w2.0")],  # nothing explains it
+        "e": [(30.0, "w0.0"), (150.0, "w2.0")],  # fetched long before the kill
+    }
+    fetches = {"a": 2, "b": 2, "c": 2, "d": 2, "e": 2, "f": 1}
+    blame = chaos.attribute_duplicates(fetches, logs, [killed, zombie, other])
+    assert blame.causes == {
+        "worker_kill": 1,
+        "zombie_redelivery": 1,
+        "zombie_fetched_after_resume": 1,
+        "unexplained": 2,
+    }
+    assert blame.per_event == {("w0.0", 100.0): 1, ("w1.0", 200.0): 2}
+    assert blame.zombie_delays == [0.5]
+    assert {u["url"] for u in blame.unexplained} == {"d", "e"}
+    assert blame.mismatches == 0

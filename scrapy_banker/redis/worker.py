@@ -217,10 +217,12 @@ class FrontierWorker:
         idempotent (dedup; delivery-numbered acks and nacks), so a replay cut
         short by an outage is simply sent again.
         """
-        self._replay = ops if len(ops) else None
-        self._on_replayed = on_done if len(ops) else None
         if not len(ops):
             on_done()
+            return
+        # A copy: confirmed batches are cut off it as they go.
+        self._replay = SpillOps(list(ops.enqueues), list(ops.dead), list(ops.acks), list(ops.nacks))
+        self._on_replayed = on_done
 
     def enqueue(self, op: EnqueueOp) -> None:
         with self._lock:

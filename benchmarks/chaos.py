@@ -89,12 +89,16 @@ How it is measured
       (``CONCURRENT_REQUESTS`` + ``BANKER_REDIS_BUFFER``) and the event says
       ``bound_estimated``.
     * ``duplicates_by_cause``: each duplicate fetch attributed with the
-      workers' fetch logs: ``worker_kill`` / ``zombie_redelivery`` (an
-      earlier fetch of the URL by the victim before the kill / stop),
-      ``zombie_fetched_after_resume`` (the zombie fetched, after SIGCONT, a
-      URL another worker fetched: the bug the zombie fault hunts), else
-      ``unexplained`` (listed with times and workers in
-      ``unexplained_duplicates``).
+      workers' fetch logs (:func:`attribute_duplicates`): ``worker_kill`` /
+      ``zombie_redelivery`` (an earlier fetch of the URL by the victim shortly
+      before the kill / stop: a lease it held), ``zombie_fetched_after_resume``
+      (a zombie fetched, within 5 s of its SIGCONT, a URL another worker
+      fetched too: the bug the zombie fault hunts), else ``unexplained``
+      (listed with times and workers in ``unexplained_duplicates``).  Each
+      kill / zombie event says how many duplicates it caused
+      (``duplicates_caused``, next to its ``held``), and
+      ``zombie_stale_fetch_delay_s`` how soon after SIGCONT the zombies'
+      foreign fetches happened.
     * ``dead_lettered``: the crawl's dead letters read through the read model
       (:func:`scrapy_banker.redis.inspect.list_dead_letters`): ``count``,
       ``reasons`` (count per reason), ``planted`` / ``planted_found`` (the
@@ -104,11 +108,12 @@ How it is measured
     * ``faults_injected``: count per kind; ``events``: every injected fault
       with its time (s from the fleet's start), target and bound.
 
-    Targets (reported, and summed up in ``targets_met``): ``lost == 0``,
-    ``duplicates <= duplicates_bound``, ``max_concurrent_per_host <=
-    per_host_limit``, every planted payload dead-lettered with a
-    ``malformed`` reason, no worker exiting non-zero unless it was killed,
-    and the crawl finishing within ``--timeout``.
+    Targets (reported, and summed up in ``targets_met``; ``checks`` has each
+    one): ``lost == 0``, ``duplicates <= duplicates_bound``,
+    ``max_concurrent_per_host <= per_host_limit``, every planted payload
+    dead-lettered with a ``malformed`` reason, no
+    ``zombie_fetched_after_resume`` duplicate, no worker exiting non-zero
+    unless it was killed, and the crawl finishing within ``--timeout``.
 
 Usage::
 
@@ -612,13 +617,14 @@ def attribute_duplicates(
 
     ``fetches`` is the farm's count per URL (the truth), ``logs`` the
     workers' fetch logs (who fetched when).  For the ``i``-th fetch of a URL
-    (``i >= 1``), in this order: the fetcher is a zombie within
-    :data:`ZOMBIE_WINDOW_S` of its SIGCONT and another worker fetched the URL
-    before (``zombie_fetched_after_resume``); an earlier fetch was by a
-    worker killed / stopped at most :data:`HELD_WINDOW_S` later
-    (``worker_kill`` / ``zombie_redelivery``); an earlier fetch was a
-    resumed zombie's (``zombie_fetched_after_resume``: it fetched first, the
-    owner again); else ``unexplained``.
+    (``i >= 1``), the first that applies: an earlier fetch was by a worker
+    killed / stopped at most :data:`HELD_WINDOW_S` later (``worker_kill`` /
+    ``zombie_redelivery``, the latter also when the zombie itself fetches it
+    again after its SIGCONT); the fetcher is a zombie within
+    :data:`ZOMBIE_WINDOW_S` of its SIGCONT and another worker fetched the
+    URL before (``zombie_fetched_after_resume``); an earlier fetch was a
+    resumed zombie's (``zombie_fetched_after_resume`` too: it fetched first,
+    the new owner again); else ``unexplained``.
     """
     by_name = {inc.name: inc for inc in incarnations}
     blame = Blame()
@@ -637,21 +643,22 @@ def attribute_duplicates(
             earlier = logged[:i]
             cause: str | None = None
             event: tuple[str, float] | None = None
-            episode = _resumed(by_name.get(who), t)
-            if episode is not None and any(we != who for _, we in earlier):
-                cause, event = "zombie_fetched_after_resume", (who, episode[0])
-                blame.zombie_delays.append(t - episode[1])
             for te, we in earlier:
                 inc = by_name.get(we)
-                if cause is not None or inc is None or we == who:
+                if cause is not None or inc is None:
                     continue
-                if inc.killed_at is not None and inc.killed_at - HELD_WINDOW_S <= te <= (
-                    inc.killed_at
-                ):
-                    cause, event = "worker_kill", (we, inc.killed_at)
-                for stop, _ in inc.stops:
-                    if cause is None and stop - HELD_WINDOW_S <= te <= stop:
+                killed = inc.killed_at
+                if we != who and killed is not None and killed - HELD_WINDOW_S <= te <= killed:
+                    cause, event = "worker_kill", (we, killed)
+                for stop, cont in inc.stops:
+                    # A zombie may get its own expired lease back once it rejoined.
+                    again = we != who or (cont is not None and t >= cont)
+                    if cause is None and again and stop - HELD_WINDOW_S <= te <= stop:
                         cause, event = "zombie_redelivery", (we, stop)
+            episode = _resumed(by_name.get(who), t)
+            if cause is None and episode is not None and any(we != who for _, we in earlier):
+                cause, event = "zombie_fetched_after_resume", (who, episode[0])
+                blame.zombie_delays.append(t - episode[1])
             for te, we in earlier:
                 episode = _resumed(by_name.get(we), te)
                 if cause is None and episode is not None:
@@ -909,6 +916,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "duplicates": duplicates <= bound,
             "politeness": max_per_host <= PER_HOST,
             "planted_dead_lettered": planted_ok,
+            "zombies_fetched_nothing_foreign": not blame.causes["zombie_fetched_after_resume"],
             "workers_exited_cleanly": not bad_exits,
             "finished": not timed_out,
         }

@@ -107,16 +107,17 @@ def test_duplicates_are_blamed_on_the_fault_that_explains_them(
         "c": [(210.0, "w2.0"), (212.5, "w1.0")],  # the zombie fetched the new owner's
         "d": [(50.0, "w2.0"), (60.0, "w2.0")],  # nothing explains it
         "e": [(30.0, "w0.0"), (150.0, "w2.0")],  # fetched long before the kill
+        "g": [(199.5, "w1.0"), (213.0, "w1.0")],  # the zombie got its own lease back
     }
-    fetches = {"a": 2, "b": 2, "c": 2, "d": 2, "e": 2, "f": 1}
+    fetches = {"a": 2, "b": 2, "c": 2, "d": 2, "e": 2, "f": 1, "g": 2}
     blame = chaos.attribute_duplicates(fetches, logs, [killed, zombie, other])
     assert blame.causes == {
         "worker_kill": 1,
-        "zombie_redelivery": 1,
+        "zombie_redelivery": 2,
         "zombie_fetched_after_resume": 1,
         "unexplained": 2,
     }
-    assert blame.per_event == {("w0.0", 100.0): 1, ("w1.0", 200.0): 2}
+    assert blame.per_event == {("w0.0", 100.0): 1, ("w1.0", 200.0): 3}
     assert blame.zombie_delays == [0.5]
     assert {u["url"] for u in blame.unexplained} == {"d", "e"}
     assert blame.mismatches == 0

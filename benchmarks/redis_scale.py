@@ -730,7 +730,9 @@ def fp_test(
 
 def bloom_status(no_bloom: bool) -> str | None:
     """None when bloom dedup can be measured, else why not."""
-    if no_bloom or "BANKER_DEDUP" not in SETTINGS:
+    if no_bloom:
+        return "skipped (--no-bloom)"
+    if "BANKER_DEDUP" not in SETTINGS:
         return BLOOM_MISSING
     return None
 

@@ -28,6 +28,8 @@ from scrapy_banker.redis.frontier import (
     bloom_geometry,
     bloom_layers,
     bloom_positions,
+    bloom_shard,
+    bloom_shard_count,
     in_bloom,
 )
 from scrapy_banker.settings import load_redis_config
@@ -99,10 +101,12 @@ def test_lua_bit_array_meets_its_false_positive_target_at_capacity(
     assert not frontier.native_bloom()
     inserted = fingerprints(n, "in")
     ids = _fill(frontier, 0, inserted)
-    keys = frontier.keys(0)
+    # One server: the crawl-wide filter, one shard at this size.
+    assert frontier.bloom_shards() == 1
+    bloom, geometry = frontier.bloom_keys(0, inserted[0])
     bits, hashes = bloom_geometry(n, error)
-    assert redis_client.hget(keys.meta, "bf") == f"{bits}:{hashes}".encode()
-    data = redis_client.get(keys.bloom)
+    assert redis_client.hget(geometry, "bf") == f"{bits}:{hashes}".encode()
+    data = redis_client.get(bloom)
     assert data is not None
     # The string is the bit array: ceil(m / 8) bytes once the top bits are set.
     assert math.ceil(bits * 0.999 / 8) <= len(data) <= math.ceil(bits / 8)
@@ -130,12 +134,12 @@ def test_a_partition_far_above_its_share_grows_layers_and_keeps_its_error_bounde
     )  # fmt: skip
     assert not frontier.native_bloom()
     ids = _fill(frontier, 0, fingerprints(load, "in"))
-    keys = frontier.keys(0)
-    layers = int(redis_client.hget(keys.meta, "bfl") or 1)
+    bloom, geometry = frontier.bloom_keys(0, "")
+    layers = int(redis_client.hget(geometry, "bfl") or 1)
     assert layers == 5  # 2,000 + 4,000 + 8,000 + 16,000 < 40,000 <= ... + 32,000
     bits, hashes = bloom_geometry(n, error)
     shape = bloom_layers(bits, hashes, layers)
-    data = redis_client.get(keys.bloom)
+    data = redis_client.get(bloom)
     assert data is not None
     # Exactly the layers' bytes: each layer was appended at its length, zeroed.
     assert len(data) == math.ceil((shape[-1][0] + shape[-1][1]) / 8)
@@ -150,8 +154,9 @@ def test_a_partition_far_above_its_share_grows_layers_and_keeps_its_error_bounde
     probes = fingerprints(20_000, "out")
     rate = sum(seen(fp) for fp in probes) / len(probes)
     assert rate <= 2 * error, rate  # sum over layers of error / 2**j
-    assert in_bloom(redis_client, keys, fingerprints(load, "in")[-1])
-    assert not in_bloom(redis_client, keys, "f" * 40) or seen("f" * 40)
+    ks = frontier.keyspace
+    assert in_bloom(redis_client, ks, 0, fingerprints(load, "in")[-1])
+    assert not in_bloom(redis_client, ks, 0, "f" * 40) or seen("f" * 40)
 
 
 @needs_module
@@ -166,7 +171,7 @@ def test_native_filter_meets_its_false_positive_target_at_capacity(
     )  # fmt: skip
     assert frontier.native_bloom()
     _fill(frontier, 0, fingerprints(n, "in"))
-    key = frontier.keys(0).bloom
+    key, _ = frontier.bloom_keys(0, "")
     info = dict(zip(*[iter(bloom_client.execute_command("BF.INFO", key))] * 2, strict=True))
     assert info[b"Capacity"] == n  # reserved with the crawl's sizing, not BF.ADD's default
     assert info[b"Number of filters"] == 1
@@ -277,10 +282,11 @@ def test_explain_reads_whichever_filter_the_crawl_wrote(
     keys = frontier.keys(5)
     in_set = bool(client.sismember(keys.seen, seen))
     assert in_set == (mode == "set")
-    assert in_bloom(client, keys, seen) == (mode != "set")
-    assert not in_bloom(client, keys, unseen)
+    assert in_bloom(client, frontier.keyspace, 5, seen) == (mode != "set")
+    assert not in_bloom(client, frontier.keyspace, 5, unseen)
+    bloom, geometry = frontier.bloom_keys(5, seen)
     assert frontier.clear() >= 1
-    assert client.exists(keys.bloom, keys.seen) == 0
+    assert client.exists(bloom, geometry, keys.seen, frontier.keyspace.bloom_shards) == 0
 
 
 def test_bit_array_geometry_is_fixed_when_the_filter_is_created(redis_client: redis.Redis) -> None:
@@ -290,8 +296,64 @@ def test_bit_array_geometry_is_fixed_when_the_filter_is_created(redis_client: re
     assert all(first.enqueue(2, fp, "{}") for fp in fps)
     other = _frontier("lua", redis_client, capacity=8_000_000, dedup_error=0.0001)
     assert not any(other.enqueue(2, fp, "{}") for fp in fps)
-    bits, hashes = bloom_geometry(10_000, 0.01)
-    assert redis_client.hget(first.keys(2).meta, "bf") == f"{bits}:{hashes}".encode()
+    # The crawl-wide filter of one server: one shard, sized for the whole crawl.
+    assert other.bloom_shards() == first.bloom_shards() == 1
+    bits, hashes = bloom_geometry(80_000, 0.01)
+    _, geometry = other.bloom_keys(2, fps[0])
+    assert redis_client.hget(geometry, "bf") == f"{bits}:{hashes}".encode()
+
+
+def test_shards_split_a_big_filter_by_fingerprint_not_by_host() -> None:
+    # 10^8 URLs at 0.1 %: 1.44e9 bits, two strings of at most 2**30 bits.
+    assert bloom_shard_count(100_000_000, 0.001) == 2
+    assert bloom_shard_count(1_000, 0.001) == 1
+    assert bloom_shard_count(1_000, 0.001, shard_bits=4_000) == 4
+    fps = fingerprints(40_000, "shard")
+    counts = [0] * 7
+    for fp in fps:
+        counts[bloom_shard(fp, 7)] += 1
+    assert max(counts) < 1.05 * len(fps) / 7  # even: a shard is sized for its share
+    assert bloom_shard("not hex at all", 7) == bloom_shard("not hex at all", 7)
+    assert bloom_shard(fps[0], 1) == 0
+
+
+def test_one_server_shares_one_crawl_wide_filter_sized_for_the_crawl(
+    dedup_client: tuple[str, redis.Redis],
+) -> None:
+    """Hosts are not equal, so per-partition filters each sized for 1/P of the
+    crawl are half empty in most partitions and grow layers in a few; one
+    server shares a crawl-wide filter (sharded by fingerprint) instead."""
+    mode, client = dedup_client
+    if mode == "set":
+        pytest.skip("bloom only")
+    n = 20_000
+    frontier = RedisFrontier(
+        client, prefix="sh", partitions=64, dedup="bloom", dedup_capacity=n, dedup_error=0.01,
+        bloom_shard_bits=50_000,
+    )  # fmt: skip
+    shards = bloom_shard_count(n, 0.01, 50_000)
+    assert frontier.bloom_shards() == shards == 4
+    fps = fingerprints(n, "skewed")
+    # Every URL of one host: a single partition gets the whole crawl.
+    ids = _fill(frontier, 9, fps)
+    assert ids.count(None) < 0.01 * n
+    per_shard = [0] * shards
+    for fp in fps:
+        per_shard[bloom_shard(fp, shards)] += 1
+    keys = {frontier.bloom_keys(9, fp)[0] for fp in fps}
+    assert keys == {frontier.keyspace.bloom_shard(i) for i in range(shards)}
+    assert all(client.exists(frontier.keyspace.bloom_shard(i)) for i in range(shards))
+    assert not client.exists(frontier.keys(9).bloom)  # no per-partition filter on one server
+    if mode == "lua":
+        # No shard grew a layer: each holds ~n/shards, what it was sized for.
+        for i in range(shards):
+            layers = client.hget(frontier.keyspace.bloom_shard_meta(i), "bfl")
+            assert int(layers or 1) == 1
+    # Another worker with other settings reads the same shards.
+    other = RedisFrontier(client, prefix="sh", partitions=64, dedup="bloom", dedup_capacity=10**9)
+    assert other.bloom_shards() == shards
+    assert not any(other.enqueue(3, fp, "{}") for fp in fps[:200])
+    assert all(in_bloom(client, other.keyspace, 3, fp) for fp in fps[:50])
 
 
 # -- settings ---------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ def frontier(redis_client: redis.Redis) -> RedisFrontier:
 
 def test_dedup_and_enqueue_are_one_step(frontier: RedisFrontier) -> None:
     first = frontier.enqueue(3, "fp1", '{"url": "http://a/"}')
-    assert first is not None and first.startswith("fp1:")
+    # The id is the partition's sequence number: the fingerprint is not paid twice.
+    assert first == "1"
     assert frontier.enqueue(3, "fp1", '{"url": "http://a/"}') is None  # seen: not queued twice
     assert frontier.queued(3) == 1
     again = frontier.enqueue(3, "fp1", '{"url": "http://a/"}', dont_filter=True)
@@ -459,6 +460,7 @@ def test_clear_deletes_every_key_of_the_crawl_and_only_those(
     redis_client.set("unrelated", "1")
     survivors = {b"unrelated", *(key.encode() for key in measured)}
     survivors |= {k.encode() for k in vars(neighbour.keys(3)).values() if redis_client.exists(k)}
+    survivors.add(neighbour.keys(3).level(0).encode())  # its queued request's list
     before = set(redis_client.keys("*"))
     assert survivors < before
 
@@ -583,3 +585,51 @@ def test_a_held_reaper_lock_makes_one_round_per_interval_fleet_wide(
     frontier.client.delete(frontier.keyspace.reaper_lock)
     assert frontier.reap_all("node-b") == (0, 0)
     assert frontier.client.exists(frontier.keyspace.reaper_lock) == 0
+
+
+def test_a_queue_of_the_old_layout_is_drained_and_given_back_in_the_new(
+    frontier: RedisFrontier, redis_client: redis.Redis
+) -> None:
+    """A fleet upgraded worker by worker: what older workers queued (a sorted
+    set of ``<fingerprint>:<seq>`` ids, payloads in a hash) is still leased,
+    counted, nacked and reaped -- back into the new lists, never lost."""
+    k = frontier.keys(3)
+    old_id = "a" * 40 + ":7"
+    redis_client.zadd(k.queue, {old_id: -5 * 2**32 + 7})  # priority 5, seq 7
+    redis_client.hset(k.payloads, old_id, "old")
+    new_id = frontier.enqueue(3, "b" * 40, "new", priority=5)
+    assert frontier.queued(3) == 2
+    census = frontier.census(each=True)
+    assert (census.queued[3], census.work) == (2, 2)
+    got = frontier.pop(3, "node-a", 1, count=5)
+    assert [(x.id, x.payload) for x in got] == [(new_id, "new"), (old_id, "old")]
+    assert (frontier.queued(3), frontier.leased(3)) == (0, 2)
+    # Given back: into the priority-5 list, ahead of what was queued after it.
+    assert frontier.nack(3, [old_id]) == 1
+    later = frontier.enqueue(3, "c" * 40, "later", priority=5)
+    assert redis_client.zcard(k.queue) == 0
+    assert redis_client.lrange(k.level(5), 0, -1) == [
+        f"{old_id} old".encode(), f"{later} later".encode()
+    ]
+    again = frontier.pop(3, "node-a", 1, count=5)
+    assert [(x.id, x.payload, x.deliveries) for x in again] == [
+        (old_id, "old", 1), (later, "later", 1)
+    ]
+    assert frontier.ack(3, [x.id for x in [*got, *again]]) == 3
+    assert frontier.census().work == 0
+    assert not redis_client.exists(k.payloads)  # nothing per request is left
+    assert redis_client.hget(k.meta, "n") == b"0"
+
+
+def test_a_queued_request_is_one_list_entry_and_nothing_else(
+    frontier: RedisFrontier, redis_client: redis.Redis
+) -> None:
+    for i in range(50):
+        frontier.enqueue(2, f"{i:040x}", f"p{i}", priority=i % 2)
+    k = frontier.keys(2)
+    assert redis_client.type(k.level(0)) == b"list"
+    assert redis_client.llen(k.level(0)) == redis_client.llen(k.level(1)) == 25
+    assert redis_client.zrange(k.levels, 0, -1, withscores=True) == [(b"1", -1.0), (b"0", 0.0)]
+    assert not redis_client.exists(k.payloads) and not redis_client.exists(k.queue)
+    assert set(redis_client.hkeys(k.meta)) == {b"seq", b"n"}  # no per-request meta
+    assert redis_client.lindex(k.level(1), 0) == b"2 p1"  # "<id> <payload>"

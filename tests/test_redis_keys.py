@@ -18,6 +18,7 @@ PREFIX = "banker:shop"
 def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
     keys = Keyspace(PREFIX, 16)
     assert keys.partition(3) == PartitionKeys(
+        levels="{banker:shop:3}:lv",
         queue="{banker:shop:3}:q",
         leases="{banker:shop:3}:leases",
         payloads="{banker:shop:3}:payloads",
@@ -27,6 +28,7 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
         seen="{banker:shop:3}:seen",
         bloom="{banker:shop:3}:bloom",
     )
+    assert keys.partition(3).level(-2) == "{banker:shop:3}:lv:-2"
     assert (keys.nodes, keys.heartbeats, keys.table) == (
         "banker:shop:nodes",
         "banker:shop:heartbeats",
@@ -53,7 +55,9 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
     slots = []
     for p in range(64):
         names = keys.partition(p).names()
-        assert len(names) == 8
+        assert len(names) == 9
+        # The level lists too: the scripts name them from the levels key.
+        names += (keys.partition(p).level(0), keys.partition(p).level(-7))
         assert len({key_slot(n.encode()) for n in names}) == 1
         slots.append(key_slot(names[0].encode()))
     assert len(set(slots)) > 32  # different tags, different slots
@@ -62,7 +66,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
 def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
     keys = Keyspace(PREFIX, 4)
     cleared = list(keys.cleared())
-    assert len(cleared) == len(set(cleared)) == 4 * 8 + 10
+    assert len(cleared) == len(set(cleared)) == 4 * 9 + 11
     for p in range(4):
         assert set(keys.partition(p).names()) <= set(cleared)
     assert {

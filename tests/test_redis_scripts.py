@@ -22,20 +22,27 @@ def frontier(redis_client: redis.Redis) -> RedisFrontier:
 
 def _enqueue_call(frontier: RedisFrontier, partition: int, fingerprint: str) -> ScriptCall:
     k = frontier.keys(partition)
-    return ScriptCall([k.queue, k.seen, k.payloads, k.meta], [fingerprint, "payload", 0, "1"])
+    return ScriptCall([k.levels, k.seen, k.payloads, k.meta], [fingerprint, "payload", 0, "1"])
 
 
 def _pop_call(frontier: RedisFrontier, partition: int, node: str, epoch: int) -> ScriptCall:
     k = frontier.keys(partition)
-    return ScriptCall([k.queue, k.leases, k.payloads, k.meta, k.owner], [node, epoch, 60_000, 5])
+    keys = [k.levels, k.leases, k.payloads, k.meta, k.owner, k.queue]
+    return ScriptCall(keys, [node, epoch, 60_000, 5])
 
 
 def test_every_lua_file_is_runnable_by_its_sha(redis_client: redis.Redis) -> None:
     runner = ScriptRunner(redis_client)
     lua = Path(scrapy_banker.redis.__file__).parent / "lua"
-    for path in sorted(lua.glob("*.lua")):
-        source = path.read_text("utf-8")
+    scripts = [path for path in sorted(lua.glob("*.lua")) if not path.stem.startswith("_")]
+    assert len(scripts) >= 10
+    for path in scripts:
+        source = runner.source(path.stem)
         assert runner.sha(path.stem) == redis_client.script_load(source)
+        assert "#include" not in source  # every include was pasted in
+    # A shared piece is pasted, not run: the scripts that include it carry it.
+    piece = (lua / "_putback.lua").read_text("utf-8")
+    assert piece in runner.source("nack") and piece in runner.source("reap")
 
 
 def test_a_flushed_script_is_loaded_again_and_the_batch_runs_once(

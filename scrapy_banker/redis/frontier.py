@@ -9,6 +9,14 @@ reaper gives expired leases back to the queue -- or, after too many
 deliveries, to a dead-letter list with the reason.  Dedup and enqueue are one
 script, so a URL is never marked seen without being queued.
 
+A queued request is one entry ``"<id> <payload>"`` in a list per priority
+(:meth:`PartitionKeys.level <scrapy_banker.redis.keys.PartitionKeys.level>`);
+its id is the partition's sequence number.  Redis packs list entries a few
+bytes apart, where a sorted-set entry plus a hash entry cost ~200 bytes more
+per request: at a web crawl's frontier size that is most of the memory.
+Only a leased request gets per-request entries (its lease, its payload,
+its delivery count), which the ack removes.
+
 Every key of a partition shares the hash tag ``{<prefix>:<partition>}`` (see
 :mod:`scrapy_banker.redis.keys`), so each script touches one cluster slot and
 works on Redis Cluster.  No ``KEYS``/``SCAN``: partitions are addressed by
@@ -42,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_BLOOM_BITS",
+    "SHARD_BITS",
     "Census",
     "EnqueueOp",
     "Flushed",
@@ -55,11 +64,16 @@ __all__ = [
     "bloom_hashes",
     "bloom_layers",
     "bloom_positions",
+    "bloom_shard",
+    "bloom_shard_count",
     "in_bloom",
 ]
 
 #: A Redis string holds 512 MB: ``SETBIT`` offsets stop at 2**32 - 1.
 MAX_BLOOM_BITS = 2**32
+#: Bits per shard of a crawl-wide filter: a quarter of what a string holds,
+#: so the layers a crawl past its capacity appends still fit.
+SHARD_BITS = 2**30
 
 
 def bloom_geometry(capacity: int, error: float) -> tuple[int, int]:
@@ -86,6 +100,28 @@ def bloom_hashes(fingerprint: str) -> tuple[int, int]:
         return int(head[:8], 16), int(head[8:], 16)
     digest = hashlib.sha1(fingerprint.encode("utf-8"), usedforsecurity=False).digest()
     return int.from_bytes(digest[:4], "big"), int.from_bytes(digest[4:8], "big")
+
+
+def bloom_shard(fingerprint: str, shards: int) -> int:
+    """Which shard of a crawl-wide filter holds ``fingerprint``.
+
+    From the fingerprint's third 32-bit word: the first two place its bits
+    (:func:`bloom_hashes`), and a shard picked by ``h1`` would see only some
+    residues of ``h1`` -- fewer reachable bits, more false positives.
+    """
+    if shards <= 1:
+        return 0
+    word = fingerprint[16:24]
+    if len(word) == 8 and all(c in "0123456789abcdefABCDEF" for c in word):
+        return int(word, 16) % shards
+    digest = hashlib.sha1(fingerprint.encode("utf-8"), usedforsecurity=False).digest()
+    return int.from_bytes(digest[8:12], "big") % shards
+
+
+def bloom_shard_count(capacity: int, error: float, shard_bits: int = SHARD_BITS) -> int:
+    """Shards of a crawl-wide filter: strings of at most ``shard_bits`` (128 MB) each."""
+    bits, _ = bloom_geometry(capacity, error)
+    return max(1, -(-bits // shard_bits))
 
 
 def bloom_positions(fingerprint: str, bits: int, hashes: int) -> list[int]:
@@ -229,14 +265,16 @@ class RedisFrontier:
         dedup: str = "set",
         dedup_capacity: int = 100_000_000,
         dedup_error: float = 0.001,
+        bloom_shard_bits: int = SHARD_BITS,
     ) -> None:
         self.keyspace = Keyspace(prefix, partitions)
         if dedup not in ("set", "bloom"):
             raise ValueError(f"dedup must be 'set' or 'bloom', got {dedup!r}")
         #: ``set`` or ``bloom`` (BANKER_DEDUP).
         self.dedup = dedup
-        #: URLs each partition's Bloom filter is sized for, and its target error.
-        self.bloom_capacity = -(-int(dedup_capacity) // partitions)
+        self.dedup_capacity = int(dedup_capacity)
+        #: URLs each partition's Bloom filter is sized for (Redis Cluster), and the target error.
+        self.bloom_capacity = -(-self.dedup_capacity // partitions)
         self.bloom_error = float(dedup_error)
         #: The bit-array geometry (m, k), used when the server has no ``BF.*``.
         self.bloom_bits, self.bloom_k = bloom_geometry(self.bloom_capacity, dedup_error)
@@ -246,6 +284,11 @@ class RedisFrontier:
                 f"{self.bloom_bits} bits, more than a Redis string holds: use more partitions"
             )
         self._native_bloom: bool | None = None
+        #: Shards of the crawl-wide filter, and each one's sizing (one server).
+        self._shards: int | None = None
+        self._shard_capacity = 0
+        self._shard_geometry = (0, 0)
+        self._shard_bits = bloom_shard_bits
         for name, value, low in (
             ("lease_ttl_ms", lease_ttl_ms, 1),
             ("max_deliveries", max_deliveries, 1),
@@ -262,7 +305,7 @@ class RedisFrontier:
         #: happen in order is sent one round trip per step there.
         self.cluster = hasattr(client, "get_nodes")
         # Every partition's (queue, leases) keys, for census scans.
-        self._count_keys: list[tuple[str, str]] | None = None
+        self._count_keys: list[tuple[str, str, str]] | None = None
 
     def keys(self, partition: int) -> PartitionKeys:
         return self.keyspace.partition(partition)
@@ -298,9 +341,8 @@ class RedisFrontier:
             # parse ``COMMAND INFO`` of an unknown command nor route one on a
             # cluster.  -1: unknown command; a bit array there (-2) means
             # the module is loaded but this crawl was started without it.
-            (answer,) = self.scripts.values(
-                "bloom_probe", [ScriptCall([self.keys(0).bloom], ["probe"])]
-            )
+            key, _ = self.bloom_keys(0, "0" * 40)
+            (answer,) = self.scripts.values("bloom_probe", [ScriptCall([key], ["probe"])])
             self._native_bloom = int(answer) >= 0
             logger.info(
                 "BANKER_DEDUP=bloom: %s", "native BF.* filters" if self._native_bloom
@@ -308,19 +350,60 @@ class RedisFrontier:
             )  # fmt: skip
         return self._native_bloom
 
+    def bloom_shards(self) -> int:
+        """Shards of the crawl-wide Bloom filter; 0 on Redis Cluster (a filter per partition).
+
+        The first worker of a crawl writes the count (``SET NX``) from its
+        settings; every worker then reads it, so a worker started with other
+        settings keeps reading the same bits.
+        """
+        if self._shards is None:
+            if self.cluster:
+                self._shards = 0
+            else:
+                key = self.keyspace.bloom_shards
+                wanted = bloom_shard_count(self.dedup_capacity, self.bloom_error, self._shard_bits)
+                self.client.set(key, wanted, nx=True)
+                self._shards = int(self.client.get(key) or wanted)
+                share = -(-self.dedup_capacity // self._shards)
+                # Fingerprints spread over shards binomially: four standard
+                # deviations of headroom keep a shard of a crawl that reaches
+                # its capacity from growing a layer (twice the bits) for a
+                # few URLs over its share (+0.06 % at 5*10^7 URLs a shard).
+                headroom = math.ceil(4 * math.sqrt(share)) if self._shards > 1 else 0
+                self._shard_capacity = share + headroom
+                self._shard_geometry = bloom_geometry(self._shard_capacity, self.bloom_error)
+        return self._shards
+
+    def bloom_keys(self, partition: int, fingerprint: str) -> tuple[str, str]:
+        """The filter that holds ``fingerprint``, and the hash with its bit array's geometry."""
+        shards = self.bloom_shards()
+        if not shards:
+            k = self.keys(partition)
+            return k.bloom, k.meta
+        shard = bloom_shard(fingerprint, shards)
+        return self.keyspace.bloom_shard(shard), self.keyspace.bloom_shard_meta(shard)
+
     def _dedup_args(self, fingerprint: str) -> list[str | int]:
         """The enqueue script's dedup arguments (ARGV 5..) for this frontier's mode."""
         if self.dedup == "set":
             return ["set"]
+        sharded = bool(self.bloom_shards())
+        capacity = self._shard_capacity if sharded else self.bloom_capacity
         if self.native_bloom():
-            return ["bf", self.bloom_capacity, repr(self.bloom_error)]
+            return ["bf", capacity, repr(self.bloom_error)]
+        bits, k = self._shard_geometry if sharded else (self.bloom_bits, self.bloom_k)
         h1, h2 = bloom_hashes(fingerprint)
-        return ["lua", self.bloom_bits, self.bloom_k, h1, h2, self.bloom_capacity]
+        return ["lua", bits, k, h1, h2, capacity]
 
     def _enqueue_call(self, op: EnqueueOp) -> ScriptCall:
         k = self.keys(op.partition)
+        if self.dedup == "set":
+            bloom, geometry = k.bloom, k.meta
+        else:
+            bloom, geometry = self.bloom_keys(op.partition, op.fingerprint)
         return ScriptCall(
-            [k.queue, k.seen, k.payloads, k.meta, k.bloom],
+            [k.levels, k.seen, k.payloads, k.meta, bloom, geometry],
             [op.fingerprint, op.payload, int(op.priority), "1" if op.dont_filter else "0",
              *self._dedup_args(op.fingerprint)],
         )  # fmt: skip
@@ -361,7 +444,7 @@ class RedisFrontier:
             calls.append(("ack", ScriptCall([k.leases, k.payloads, k.meta], list(ids))))
         for p, ids in nacks.items():
             k = self.keys(p)
-            calls.append(("nack", ScriptCall([k.queue, k.leases, k.meta], list(ids))))
+            calls.append(("nack", ScriptCall([k.levels, k.leases, k.meta, k.payloads], list(ids))))
         if self.cluster:
             answers: list[Any] = []
             for start, end in zip([0, *steps], [*steps, len(calls)], strict=True):
@@ -440,7 +523,7 @@ class RedisFrontier:
             k = self.keys(p)
             n = count if counts is None else counts.get(p, count)
             calls.append(ScriptCall(
-                [k.queue, k.leases, k.payloads, k.meta, k.owner],
+                [k.levels, k.leases, k.payloads, k.meta, k.owner, k.queue],
                 [node, int(epoch), self.lease_ttl_ms, int(n)],
             ))  # fmt: skip
         return self.scripts.run("pop", calls)
@@ -458,7 +541,9 @@ class RedisFrontier:
         return self.nack_many({partition: ids})
 
     def nack_many(self, ids: Mapping[int, Sequence[str]]) -> int:
-        return self._per_partition("nack", ids, lambda k: [k.queue, k.leases, k.meta], [])
+        return self._per_partition(
+            "nack", ids, lambda k: [k.levels, k.leases, k.meta, k.payloads], []
+        )
 
     def renew(self, partition: int, ids: Sequence[str]) -> int:
         return self.renew_many({partition: ids})
@@ -481,7 +566,7 @@ class RedisFrontier:
     def outstanding(self, *, any_: bool = False, chunk: int = 128) -> int:
         """Requests queued or leased in the whole crawl: 0 means the crawl is done.
 
-        Two ``ZCARD`` per partition, ``chunk`` partitions per pipeline (no
+        Three reads per partition (:meth:`_count_into`), ``chunk`` partitions per pipeline (no
         ``SCAN``); called only by idle workers, to decide whether the crawl is
         over.  With ``any_`` the count stops at the first non-empty chunk, in
         a random chunk order: an idle worker of a busy fleet asks this twice a
@@ -495,10 +580,8 @@ class RedisFrontier:
         for start in starts:
             pipe = self.client.pipeline(transaction=False)
             for p in range(start, min(self.partitions, start + size)):
-                k = self.keys(p)
-                pipe.zcard(k.queue)
-                pipe.zcard(k.leases)
-            total += sum(int(n) for n in pipe.execute())
+                _count_into(pipe, self.keys(p))
+            total += sum(int(n or 0) for n in pipe.execute())
             if any_ and total:
                 break
         return total
@@ -514,7 +597,7 @@ class RedisFrontier:
 
         ``Census.drained`` is exact (see there); called by idle workers to
         decide whether the crawl is over, and with ``each`` by hungry ones
-        to see which partitions wait.  Each partition's two sets are counted
+        to see which partitions wait.  Each partition's queue and leases are counted
         in one script; on one server a script counts ``chunk`` partitions
         (one round trip for all), on a cluster one partition (its slot).
         ``between`` is called with each chunk's index after it was counted
@@ -522,11 +605,13 @@ class RedisFrontier:
         the middle of a scan.
         """
         if self._count_keys is None:
-            self._count_keys = [(k.queue, k.leases) for k in map(self.keys, range(self.partitions))]
+            self._count_keys = [
+                (k.meta, k.leases, k.queue) for k in map(self.keys, range(self.partitions))
+            ]
         size = 1 if self.cluster else max(1, chunk)
         calls = []
         for start in range(0, self.partitions, size):
-            keys = [key for pair in self._count_keys[start : start + size] for key in pair]
+            keys = [key for three in self._count_keys[start : start + size] for key in three]
             calls.append(("count", ScriptCall(keys, ["each" if each else "sum"])))
         before = self.finished_version()
         if between is None:
@@ -559,7 +644,7 @@ class RedisFrontier:
     def backlog(self, partitions: Iterable[int], *, chunk: int = 128) -> dict[int, int]:
         """Requests queued or leased per partition: the work each would take with it.
 
-        The placement planner weighs partitions by it (two ``ZCARD`` each,
+        The placement planner weighs partitions by it (:meth:`_count_into`,
         ``chunk`` partitions per pipeline).
         """
         wanted = sorted({p for p in partitions if 0 <= p < self.partitions})
@@ -568,12 +653,10 @@ class RedisFrontier:
             part = wanted[start : start + max(1, chunk)]
             pipe = self.client.pipeline(transaction=False)
             for p in part:
-                k = self.keys(p)
-                pipe.zcard(k.queue)
-                pipe.zcard(k.leases)
+                _count_into(pipe, self.keys(p))
             counts = pipe.execute()
             for i, p in enumerate(part):
-                out[p] = int(counts[2 * i]) + int(counts[2 * i + 1])
+                out[p] = sum(int(n or 0) for n in counts[3 * i : 3 * i + 3])
         return out
 
     def clear(self) -> int:
@@ -584,13 +667,25 @@ class RedisFrontier:
         returns how many keys existed.
         """
         pipe = self.client.pipeline(transaction=False)
-        for key in self.keyspace.cleared():
+        for p in range(self.partitions):
+            pipe.zrange(self.keys(p).levels, 0, -1)
+        lists = [
+            self.keys(p).level(decode(level))
+            for p, levels in enumerate(pipe.execute())
+            for level in levels
+        ]
+        shards = 0 if self.cluster else int(self.client.get(self.keyspace.bloom_shards) or 0)
+        for shard in range(shards):
+            lists += [self.keyspace.bloom_shard(shard), self.keyspace.bloom_shard_meta(shard)]
+        self._shards = None  # a fresh crawl sizes its filter again
+        pipe = self.client.pipeline(transaction=False)
+        for key in [*lists, *self.keyspace.cleared()]:
             pipe.delete(key)
         return sum(int(n) for n in pipe.execute())
 
     def _reap_call(self, partition: int, limit: int) -> ScriptCall:
         k = self.keys(partition)
-        keys = [k.queue, k.leases, k.payloads, k.meta, k.dead]
+        keys = [k.levels, k.leases, k.payloads, k.meta, k.dead]
         return ScriptCall(keys, [self.max_deliveries, int(limit), partition])
 
     def _reaped(self, partition: int, answer: Any) -> tuple[int, int]:
@@ -680,8 +775,7 @@ class RedisFrontier:
         """
         k = self.keys(partition)
         (answer,) = self.scripts.values(
-            "requeue", [ScriptCall([k.dead, k.queue, k.seen, k.payloads, k.meta],
-                                   [letter, int(priority)])]
+            "requeue", [ScriptCall([k.dead, k.levels, k.meta], [letter, int(priority)])]
         )  # fmt: skip
         return None if answer is None else decode(answer)
 
@@ -693,39 +787,61 @@ class RedisFrontier:
     # -- inspection -------------------------------------------------------------------
 
     def queued(self, partition: int) -> int:
-        return int(self.client.zcard(self.keys(partition).queue))
+        pipe = self.client.pipeline(transaction=False)
+        _count_into(pipe, self.keys(partition), leased=False)
+        return sum(int(n or 0) for n in pipe.execute())
 
     def leased(self, partition: int) -> int:
         return int(self.client.zcard(self.keys(partition).leases))
 
 
-def in_bloom(client: redis.Redis | RedisCluster, keys: PartitionKeys, fingerprint: str) -> bool:
-    """Whether the partition's Bloom filter (native or bit array) says it holds ``fingerprint``.
+def in_bloom(
+    client: redis.Redis | RedisCluster, keyspace: Keyspace, partition: int, fingerprint: str
+) -> bool:
+    """Whether the crawl's Bloom filter (native or bit array) says it holds ``fingerprint``.
 
     For the operator's ``explain``: it reads whichever filter the crawl
-    wrote -- the key's type tells native from Lua, and a bit array's
-    geometry is in the partition's meta -- so it needs no settings.  A
-    partition without a filter holds nothing.
+    wrote -- a crawl-wide sharded one (one server) or the partition's
+    (Redis Cluster), native or a bit array (the key's type tells), its
+    geometry from where the enqueue script keeps it -- so it needs no
+    settings.  A crawl without a filter holds nothing.
     """
-    kind = decode(client.type(keys.bloom))
+    shards = int(client.get(keyspace.bloom_shards) or 0)
+    if shards:
+        shard = bloom_shard(fingerprint, shards)
+        key, geometry_key = keyspace.bloom_shard(shard), keyspace.bloom_shard_meta(shard)
+    else:
+        keys = keyspace.partition(partition)
+        key, geometry_key = keys.bloom, keys.meta
+    kind = decode(client.type(key))
     if kind == "none":
         return False
     if kind == "string":
-        geometry, layers = client.hmget(keys.meta, ["bf", "bfl"])
+        geometry, layers = client.hmget(geometry_key, ["bf", "bfl"])
         if geometry is None:
             return False
         bits, hashes = (int(x) for x in decode(geometry).split(":"))
         for offset, size, k in bloom_layers(bits, hashes, int(layers or 1)):
             pipe = client.pipeline(transaction=False)
             for position in bloom_positions(fingerprint, size, k):
-                pipe.getbit(keys.bloom, offset + position)
+                pipe.getbit(key, offset + position)
             if all(int(bit) for bit in pipe.execute()):
                 return True
         return False
-    (answer,) = ScriptRunner(client).values(
-        "bloom_probe", [ScriptCall([keys.bloom], [fingerprint])]
-    )
+    (answer,) = ScriptRunner(client).values("bloom_probe", [ScriptCall([key], [fingerprint])])
     return int(answer) == 1
+
+
+def _count_into(pipe: Any, keys: PartitionKeys, *, leased: bool = True) -> None:
+    """Queue on ``pipe`` the reads that add up to a partition's work (``int(x or 0)`` each).
+
+    The level lists are counted by the meta's ``n`` (what the scripts keep
+    in step), the old layout's zset by its size, and the leases by theirs.
+    """
+    pipe.hget(keys.meta, "n")
+    pipe.zcard(keys.queue)
+    if leased:
+        pipe.zcard(keys.leases)
 
 
 def _leased(partition: int, flat: Sequence[Any]) -> list[Leased]:

@@ -69,8 +69,10 @@ __all__ = [
 
 #: Version of every ``to_json()`` schema of this module.
 SCHEMA_VERSION = 1
-#: Partitions counted per pipeline (4 commands each).
+#: Partitions counted per pipeline (5 commands each).
 _CHUNK = 256
+#: Queued entries read per round trip when looking for one request's copies.
+_PAGE = 1000
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:
@@ -100,7 +102,7 @@ def _now_ms(client: Client) -> int:
 
 
 def count_partitions(client: Client, keyspace: Keyspace, chunk: int = _CHUNK) -> PartitionCounts:
-    """Count every partition with plain reads (``ZCARD``, ``LLEN``, ``ZCOUNT``).
+    """Count every partition with plain reads (``HGET``, ``ZCARD``, ``LLEN``, ``ZCOUNT``).
 
     Not atomic across partitions -- a request may be counted twice or not at
     all while it moves -- which is fine for a view; the crawl's own drain
@@ -116,15 +118,16 @@ def count_partitions(client: Client, keyspace: Keyspace, chunk: int = _CHUNK) ->
         pipe = client.pipeline(transaction=False)
         for p in range(start, min(keyspace.partitions, start + size)):
             k = keyspace.partition(p)
-            pipe.zcard(k.queue)
+            pipe.hget(k.meta, "n")  # the level lists' count (enqueue.lua, pop.lua)
+            pipe.zcard(k.queue)  # the old layout
             pipe.zcard(k.leases)
             pipe.llen(k.dead)
             pipe.zcount(k.leases, "-inf", now)
-        answers = [int(n) for n in pipe.execute()]
-        queued += answers[0::4]
-        leased += answers[1::4]
-        dead += answers[2::4]
-        expired += answers[3::4]
+        answers = [int(n or 0) for n in pipe.execute()]
+        queued += [a + b for a, b in zip(answers[0::5], answers[1::5], strict=True)]
+        leased += answers[2::5]
+        dead += answers[3::5]
+        expired += answers[4::5]
     return PartitionCounts(tuple(queued), tuple(leased), tuple(dead), tuple(expired), now)
 
 
@@ -774,51 +777,85 @@ class Explanation:
 
 
 def _find_copies(
-    client: Client, keyspace: Keyspace, partition: int, fingerprint: str, now_ms: int,
-    codec: RequestCodec,
+    client: Client, keyspace: Keyspace, partition: int, fingerprint: str, url: str,
+    now_ms: int, codec: RequestCodec,
 ) -> list[Copy]:  # fmt: skip
-    """Every queued, leased and dead copy of ``fingerprint`` in its partition.
+    """Every queued, leased and dead copy of the request in its partition.
 
-    Ids are ``<fingerprint>:<seq>`` (``enqueue.lua``), so ``ZSCAN MATCH``
-    finds them without reading the payloads of everything else.
+    Ids are sequence numbers (``enqueue.lua``), so a copy is found by the URL
+    its payload names: the partition's level lists are read 1,000 entries
+    per round trip, in the order they will be popped (that order is the
+    ``ahead`` count).  A partition holds its share of the crawl (1/1,024 of
+    it by default) and this runs when an operator asks, never in a crawl.
+    The old layout's ids, ``<fingerprint>:<seq>``, are found by ``ZSCAN MATCH``.
     """
     k = keyspace.partition(partition)
-    pattern = f"{fingerprint}:*"
+    legacy = f"{fingerprint}:"
+
+    def mine(copy_id: str, payload: PayloadInfo) -> bool:
+        return copy_id.startswith(legacy) or payload.url == url
+
     found: list[Copy] = []
-    queued = [decode(m) for m, _ in client.zscan_iter(k.queue, match=pattern, count=1000)]
-    leased = [(decode(m), s) for m, s in client.zscan_iter(k.leases, match=pattern, count=1000)]
-    ids = queued + [i for i, _ in leased]
-    payloads: dict[str, PayloadInfo] = {}
-    deliveries: dict[str, int] = {}
+    ahead = 0
+    queued: list[tuple[str, PayloadInfo, int]] = []
+    for level in client.zrange(k.levels, 0, -1):
+        key = k.level(decode(level))
+        start = 0
+        while True:
+            page = client.lrange(key, start, start + _PAGE - 1)
+            for j, item in enumerate(page):
+                copy_id, _, text = decode(item, lossy=True).partition(" ")
+                if url in text or text[:1] == "Z":  # cheap filter before decoding
+                    info = describe_payload(text, codec)
+                    if mine(copy_id, info):
+                        queued.append((copy_id, info, ahead + start + j))
+            start += len(page)
+            if len(page) < _PAGE:
+                break
+        ahead += start
+    pattern = f"{fingerprint}:*"
+    old = [decode(m) for m, _ in client.zscan_iter(k.queue, match=pattern, count=1000)]
+    held: Any = client.zrange(k.leases, 0, -1, withscores=True)
+    leases = [(decode(m), float(score)) for m, score in held]
+    pipe = client.pipeline(transaction=False)
+    for i in old:
+        pipe.hget(k.payloads, i)
+        pipe.zrank(k.queue, i)
+    for i, _ in leases:
+        pipe.hget(k.payloads, i)
+    answers = pipe.execute()
+    for n, i in enumerate(old):
+        raw, rank = answers[2 * n], answers[2 * n + 1]
+        info = describe_payload(None if raw is None else decode(raw, lossy=True), codec)
+        queued.append((i, info, ahead + (0 if rank is None else int(rank))))
+    leased: list[tuple[str, PayloadInfo, float]] = []
+    for (i, score), raw in zip(leases, answers[2 * len(old) :], strict=True):
+        info = describe_payload(None if raw is None else decode(raw, lossy=True), codec)
+        if mine(i, info):
+            leased.append((i, info, score))
+    ids = [i for i, _, _ in queued] + [i for i, _, _ in leased]
     if ids:
         pipe = client.pipeline(transaction=False)
         for i in ids:
-            pipe.hget(k.payloads, i)
-        for i in ids:
             pipe.hget(k.meta, f"d:{i}")  # deliveries, as pop.lua counts them
-        for i, _ in leased:
+        for i, _, _ in leased:
             pipe.hget(k.meta, f"e:{i}")  # the epoch it was leased under (pop.lua)
-        for i in queued:
-            pipe.zrank(k.queue, i)
         answers = pipe.execute()
-        for n, i in enumerate(ids):
-            raw = answers[n]
-            payloads[i] = describe_payload(None if raw is None else decode(raw, lossy=True), codec)
-            d = answers[len(ids) + n]
-            deliveries[i] = int(decode(d)) if d is not None else 0
-        epochs = answers[2 * len(ids) : 2 * len(ids) + len(leased)]
-        ranks = answers[2 * len(ids) + len(leased) :]
-        for i, rank in zip(queued, ranks, strict=True):
-            found.append(Copy(i, "queued", ahead=None if rank is None else int(rank),
-                              deliveries=deliveries[i], payload=payloads[i]))  # fmt: skip
-        for (i, score), epoch in zip(leased, epochs, strict=True):
+        counts = answers[: len(ids)]
+        deliveries = {
+            i: 0 if d is None else int(decode(d)) for i, d in zip(ids, counts, strict=True)
+        }
+        epochs = answers[len(ids) :]
+        for i, info, position in queued:
+            found.append(Copy(i, "queued", ahead=position, deliveries=deliveries[i],
+                              payload=info))  # fmt: skip
+        for (i, info, score), epoch in zip(leased, epochs, strict=True):
             found.append(Copy(i, "leased", deliveries=deliveries[i],
-                              expires_in_s=(float(score) - now_ms) / 1000, payload=payloads[i],
+                              expires_in_s=(score - now_ms) / 1000, payload=info,
                               epoch=None if epoch is None else int(decode(epoch))))  # fmt: skip
-    prefix = f"{fingerprint}:"
     for index, raw in enumerate(client.lrange(k.dead, 0, -1)):
         letter = _letter(partition, index, raw, codec)
-        if letter.id is not None and letter.id.startswith(prefix):
+        if letter.id is not None and mine(letter.id, letter.payload):
             found.append(Copy(letter.id, "dead", deliveries=letter.deliveries,
                               reason=letter.reason, payload=letter.payload))  # fmt: skip
     return found
@@ -974,7 +1011,7 @@ def explain_url(
     answers = pipe.execute()
     # Seen by the exact set, or by the Bloom filter (BANKER_DEDUP = "bloom"):
     # whichever the crawl wrote, as its enqueue script checks both.
-    seen = bool(answers[0]) or in_bloom(client, k, fingerprint)
+    seen = bool(answers[0]) or in_bloom(client, keyspace, partition, fingerprint)
     leased_now = int(answers[1])
     owner_age_s: float | None = None
     owner_alive = False
@@ -983,7 +1020,7 @@ def explain_url(
         if beat is not None:
             owner_age_s = max(0.0, (now_ms - float(beat)) / 1000)
             owner_alive = bool(registered) and owner_age_s <= node_timeout_s
-    copies = _find_copies(client, keyspace, partition, fingerprint, now_ms, codec)
+    copies = _find_copies(client, keyspace, partition, fingerprint, request.url, now_ms, codec)
     notes: list[str] = []
     topic, topic_source = c.topic, "rules"
     stored = [cp.payload.topic for cp in copies if cp.payload and cp.payload.topic]

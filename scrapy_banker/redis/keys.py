@@ -29,11 +29,20 @@ __all__ = ["Keyspace", "PartitionKeys", "decode"]
 class PartitionKeys:
     """One partition's keys; they share one hash tag, hence one cluster slot."""
 
-    #: Sorted set of queued ids, scored ``-priority * 2**32 + seq``.
+    #: Sorted set of the priorities that have requests queued, scored
+    #: ``-priority`` (highest first).  The requests themselves wait in one
+    #: list per priority, :meth:`level`: ``"<id> <payload>"`` entries, packed
+    #: by Redis a few bytes apart, where a sorted set entry plus a hash entry
+    #: per request cost ~200 bytes more (issue #17).
+    levels: str
+    #: The layout before the levels (a sorted set of ``<fingerprint>:<seq>``
+    #: ids, payloads in :attr:`payloads`): still drained by the pop script,
+    #: so a fleet can be upgraded worker by worker; nothing new goes there.
     queue: str
     #: Sorted set of leased ids, scored by expiry on the server's clock.
     leases: str
-    #: Hash id -> payload.
+    #: Hash id -> payload of the requests leased now (queued ones live in
+    #: their level's list; the old layout kept every payload here).
     payloads: str
     #: Hash: sequence counter, deliveries, scores, lease epochs.
     meta: str
@@ -49,7 +58,17 @@ class PartitionKeys:
     bloom: str
 
     def names(self) -> tuple[str, ...]:
+        """The fixed keys; the level lists are named by what :attr:`levels` holds."""
         return astuple(self)
+
+    def level(self, priority: int | str) -> str:
+        """The list of the requests queued at ``priority``.
+
+        The Lua scripts name it the same way (``levels .. ":" .. priority``)
+        from the priorities :attr:`levels` holds: it shares the hash tag, so
+        it is in the partition's slot.
+        """
+        return f"{self.levels}:{priority}"
 
 
 class Keyspace:
@@ -92,6 +111,10 @@ class Keyspace:
         self.net_backlog = f"{prefix}:net:backlog"
         #: Held for one interval by the node that planned: one plan per interval.
         self.plan_gate = f"{prefix}:net:plan-gate"
+        # -- dedup (BANKER_DEDUP = "bloom" on one server) --
+        #: How many shards the crawl-wide Bloom filter has (:meth:`bloom_shard`),
+        #: fixed when the first worker wrote it.
+        self.bloom_shards = f"{prefix}:bloom-shards"
 
     def __repr__(self) -> str:
         return f"Keyspace({self.prefix!r}, partitions={self.partitions})"
@@ -101,6 +124,7 @@ class Keyspace:
             raise ValueError(f"partition must be in [0, {self.partitions}), got {partition!r}")
         tag = f"{{{self.prefix}:{partition}}}"
         return PartitionKeys(
+            levels=f"{tag}:lv",
             queue=f"{tag}:q",
             leases=f"{tag}:leases",
             payloads=f"{tag}:payloads",
@@ -110,6 +134,22 @@ class Keyspace:
             seen=f"{tag}:seen",
             bloom=f"{tag}:bloom",
         )
+
+    def bloom_shard(self, shard: int) -> str:
+        """One shard of the crawl-wide Bloom filter (a fingerprint picks it by its hash).
+
+        On one server a script may touch any key, so the filter is sized for
+        the whole crawl and shared by every partition: per-partition filters
+        must each be sized for a partition's share, and hosts are not equal
+        (a Zipf crawl left most of them half empty and made others grow).
+        On Redis Cluster each partition keeps its own (:attr:`PartitionKeys.bloom`):
+        the check and the enqueue must share a slot.
+        """
+        return f"{self.prefix}:bloom:{shard}"
+
+    def bloom_shard_meta(self, shard: int) -> str:
+        """Hash with the geometry of :meth:`bloom_shard`'s bit array (as a partition's meta)."""
+        return f"{self.prefix}:bloom:{shard}:meta"
 
     def ready(self, node: str) -> str:
         """Set of partitions of ``node`` that other workers just queued work in (expires).
@@ -149,7 +189,11 @@ class Keyspace:
         (:meth:`rtt`, :meth:`bw`, :attr:`net_bs`) are kept on purpose: links
         do not change between crawls, and a re-crawl that finds them places
         its sites at once.  Probe keys expire by themselves.  Named one by
-        one, never found by ``KEYS``/``SCAN`` (which a cluster runs per node).
+        one, never found by ``KEYS``/``SCAN`` (which a cluster runs per node);
+        each partition's level lists (:meth:`PartitionKeys.level`) are named
+        by its :attr:`~PartitionKeys.levels` set and the Bloom shards by
+        :attr:`bloom_shards`, which the caller reads first
+        (:meth:`RedisFrontier.clear <scrapy_banker.redis.frontier.RedisFrontier.clear>`).
         """
         for p in range(self.partitions):
             yield from self.partition(p).names()
@@ -163,6 +207,7 @@ class Keyspace:
         yield self.net_placed
         yield self.net_backlog
         yield self.plan_gate
+        yield self.bloom_shards
 
 
 def decode(value: object, lossy: bool = False) -> str:

@@ -67,11 +67,28 @@ class Busy(Refusal):
 
 @functools.cache
 def _sources() -> dict[str, str]:
+    """Every script by name; ``-- #include _x`` lines replaced by ``lua/_x.lua``.
+
+    Redis runs each script alone, so a piece two scripts share (putting a
+    lease back in the queue) is pasted into both here rather than written
+    twice; ``_``-files are such pieces, never scripts of their own.
+    """
     folder = resources.files("scrapy_banker.redis").joinpath("lua")
-    return {
+    texts = {
         entry.name.removesuffix(".lua"): entry.read_text("utf-8")
         for entry in folder.iterdir()
         if entry.name.endswith(".lua")
+    }
+
+    def expand(line: str) -> str:
+        if line.startswith("-- #include "):
+            return texts[line.removeprefix("-- #include ").strip()]
+        return line
+
+    return {
+        name: "".join(map(expand, text.splitlines(keepends=True)))
+        for name, text in texts.items()
+        if not name.startswith("_")
     }
 
 
@@ -86,6 +103,10 @@ class ScriptRunner:
             for name, source in self._sources.items()
         }
         self._loaded: set[str] = set()
+
+    def source(self, name: str) -> str:
+        """The script as the server runs it (its includes pasted in)."""
+        return self._sources[name]
 
     def sha(self, name: str) -> str:
         """The SHA1 ``EVALSHA`` runs the script by (as ``SCRIPT LOAD`` answers it)."""

@@ -1,8 +1,11 @@
 -- Give leased requests back unprocessed (a clean stop, a lost partition): they
--- go back to the queue at their old place and the delivery does not count.
--- KEYS: 1 queue, 2 leases, 3 meta.  ARGV: ids, or id#delivery tokens.  Returns how many were leased.
+-- go back to the head of their priority's list and the delivery does not count.
+-- KEYS: 1 levels, 2 leases, 3 meta, 4 payloads.  ARGV: ids, or id#delivery tokens.
+-- Returns how many were leased.
+-- #include _putback
 local n = 0
-for i = 1, #ARGV do
+-- Last first: each goes to the head, so the first given back ends up first.
+for i = #ARGV, 1, -1 do
   local id, token = string.match(ARGV[i], "^(.*)#(%d+)$")
   if not id then id = ARGV[i] end
   -- "id#n" acts only on delivery n: a holder whose lease expired and was
@@ -13,8 +16,8 @@ for i = 1, #ARGV do
     local e = redis.call("HGET", KEYS[3], "e:" .. id)
     if e then redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) end
     redis.call("HINCRBY", KEYS[3], "d:" .. id, -1)
-    redis.call("ZADD", KEYS[1], redis.call("HGET", KEYS[3], "s:" .. id) or "0", id)
-    redis.call("HDEL", KEYS[3], "e:" .. id, "s:" .. id)
+    redis.call("HDEL", KEYS[3], "e:" .. id)
+    put_back(KEYS[1], KEYS[4], KEYS[3], id)
   end
 end
 return n

@@ -1,6 +1,8 @@
 -- Lease up to N requests of a partition to the node that owns it (at-least-once).
--- KEYS: 1 queue, 2 leases (zset id -> expiry ms), 3 payloads, 4 meta, 5 owner (string)
--- Meta of a leased id: d: deliveries, e: epoch, s: its queue score (deleted at ack).
+-- KEYS: 1 levels, 2 leases (zset id -> expiry ms), 3 payloads, 4 meta,
+--       5 owner (string), 6 queue (the old layout's zset, drained last)
+-- Meta of a leased id: d: deliveries, e: epoch, s: its priority (deleted at ack);
+-- its payload waits in the payloads hash until the ack.
 -- ARGV: 1 node, 2 epoch, 3 lease ttl ms, 4 count
 -- Returns {err} NOTOWNER if the caller does not own the partition at that epoch,
 -- {err} BUSY while leases taken at an older epoch (a previous owner's requests
@@ -21,17 +23,49 @@ end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expiry = now + tonumber(ARGV[3])
-local popped = redis.call("ZPOPMIN", KEYS[1], tonumber(ARGV[4]))
+local want = tonumber(ARGV[4])
 local out = {}
-for i = 1, #popped, 2 do
-  local id = popped[i]
+local function lease(id, payload, level)
   redis.call("ZADD", KEYS[2], expiry, id)
+  redis.call("HSET", KEYS[3], id, payload)
   local n = redis.call("HINCRBY", KEYS[4], "d:" .. id, 1)
-  -- Its queue score, kept only while leased: a nack or the reaper puts it back there.
-  redis.call("HSET", KEYS[4], "e:" .. id, epoch, "s:" .. id, popped[i + 1])
-  redis.call("HINCRBY", KEYS[4], "h:" .. epoch, 1)
+  redis.call("HSET", KEYS[4], "e:" .. id, epoch, "s:" .. id, level)
   out[#out + 1] = id
-  out[#out + 1] = redis.call("HGET", KEYS[3], id) or ""
+  out[#out + 1] = payload
   out[#out + 1] = n
+end
+local taken = 0
+while taken < want do
+  local top = redis.call("ZRANGE", KEYS[1], 0, 0)
+  if #top == 0 then break end
+  local level = top[1]
+  local list = KEYS[1] .. ":" .. level
+  local items = redis.call("LPOP", list, want - taken)
+  if items then
+    for _, item in ipairs(items) do
+      local space = string.find(item, " ", 1, true) or (#item + 1)
+      lease(string.sub(item, 1, space - 1), string.sub(item, space + 1), level)
+      taken = taken + 1
+    end
+  end
+  if redis.call("EXISTS", list) == 0 then
+    redis.call("ZREM", KEYS[1], level)
+  end
+end
+if taken > 0 then
+  redis.call("HINCRBY", KEYS[4], "n", -taken)
+end
+if taken < want then
+  -- The old layout: ids "<fingerprint>:<seq>" scored -priority * 2^32 + seq,
+  -- payloads already in the hash.  "s:" keeps the score (put_back reads it).
+  local popped = redis.call("ZPOPMIN", KEYS[6], want - taken)
+  for i = 1, #popped, 2 do
+    local id = popped[i]
+    lease(id, redis.call("HGET", KEYS[3], id) or "", popped[i + 1])
+    taken = taken + 1
+  end
+end
+if taken > 0 then
+  redis.call("HINCRBY", KEYS[4], "h:" .. epoch, taken)
 end
 return out

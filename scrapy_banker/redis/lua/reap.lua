@@ -1,19 +1,22 @@
 -- Give expired leases back to the queue, or dead-letter them after too many deliveries.
--- KEYS: 1 queue, 2 leases, 3 payloads, 4 meta, 5 dead (list)
+-- KEYS: 1 levels, 2 leases, 3 payloads, 4 meta, 5 dead (list)
 -- ARGV: 1 max deliveries, 2 limit, 3 partition label
 -- Returns {requeued, dead}.
+-- #include _putback
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "LIMIT", 0, tonumber(ARGV[2]))
 local requeued, dead = 0, 0
-for _, id in ipairs(expired) do
+-- Last first: each goes back to the head of its list, so they keep their order.
+for i = #expired, 1, -1 do
+  local id = expired[i]
   redis.call("ZREM", KEYS[2], id)
   local e = redis.call("HGET", KEYS[4], "e:" .. id)
   if e then redis.call("HINCRBY", KEYS[4], "h:" .. e, -1) end
   redis.call("HDEL", KEYS[4], "e:" .. id)
   local n = tonumber(redis.call("HGET", KEYS[4], "d:" .. id) or "0")
-  local payload = redis.call("HGET", KEYS[3], id)
   if n >= tonumber(ARGV[1]) then
+    local payload = redis.call("HGET", KEYS[3], id)
     redis.call("RPUSH", KEYS[5], cjson.encode({
       id = id, partition = ARGV[3], deliveries = n, payload = payload or cjson.null,
       reason = "lease expired after " .. n .. " deliveries",
@@ -22,9 +25,7 @@ for _, id in ipairs(expired) do
     redis.call("HDEL", KEYS[4], "d:" .. id, "s:" .. id)
     dead = dead + 1
   else
-    local score = redis.call("HGET", KEYS[4], "s:" .. id) or "0"
-    redis.call("ZADD", KEYS[1], score, id)
-    redis.call("HDEL", KEYS[4], "s:" .. id)
+    put_back(KEYS[1], KEYS[3], KEYS[4], id)
     requeued = requeued + 1
   end
 end

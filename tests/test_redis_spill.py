@@ -158,14 +158,17 @@ def test_redis_gone_at_stop_spills_and_the_next_worker_replays_it(tmp_path: Path
         first = FleetWorker(
             "w0", tmp_path, {"settings": _settings(server, "w0", jobdir), "seeds": seeds}
         )
-        _wait_served(farm, len(farm.expected_urls()) // 4, first)
+        # Early, while most links a page yields are new: they are the
+        # requests only the spill will know about.
+        _wait_served(farm, len(farm.expected_urls()) // 15, first)
         server.kill()  # for good: it only comes back after the worker stopped
         _wait_quiet(farm)  # the buffered and in-flight requests are done
         first.proc.send_signal(signal.SIGINT)  # a clean stop, Redis still gone
         assert first.wait(60) == 0, first.log_tail()
         stopped = first.stats()
         written = stopped["banker/redis/spill/written"]
-        assert written > 0 and stopped["banker/redis/unsent_at_close"] == written
+        # A link found twice while Redis was away is written once.
+        assert 0 < written <= stopped["banker/redis/unsent_at_close"]
         files = sorted(spill.glob("spill-*.jsonl"))
         assert len(files) == 1, files
         log = first.log_path.read_text("utf-8")

@@ -283,7 +283,8 @@ class FrontierWorker:
         """After :meth:`stop`: every operation Redis never confirmed, for a spill file.
 
         What is left of a replayed spill comes first, then this run's own
-        operations, each kind in the order it was queued.
+        operations, each kind in the order it was queued, without the repeats
+        a replay would drop (:func:`~scrapy_banker.spill.merge`).
         """
         with self._lock:
             own = SpillOps(
@@ -295,7 +296,9 @@ class FrontierWorker:
             )  # fmt: skip
             self._enqueues, self._dead, self._acks, self._nacks = [], [], [], []
         replay, self._replay, self._on_replayed = self._replay, None, None
-        return merge([replay, own]) if replay is not None else own
+        # Merged even alone: a link found twice before Redis went away is
+        # one enqueue in the file (the dedup would drop the second anyway).
+        return merge([replay, own] if replay is not None else [own])
 
     def take_counters(self) -> dict[str, int]:
         """Counters since the last call, for the scheduler to add to the crawl stats."""

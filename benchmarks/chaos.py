@@ -123,8 +123,12 @@ Usage::
 
 ``--seed`` (fault schedule and farm layout), ``--workers``, ``--duration``
 (seconds of faults), ``--hosts``, ``--pages``, ``--latency-ms``,
-``--concurrent``, ``--appendfsync``, ``--timeout`` override the mode.
-Progress goes to stderr; the last stdout line is the JSON object.
+``--concurrent``, ``--appendfsync``, ``--timeout`` override the mode;
+``--kinds`` injects only the listed fault kinds (at their places in the
+seeded schedule), e.g. ``--tiny --seed 3 --kinds zombie`` for one zombie;
+``--keep`` keeps the workers' logs, stats and fetch logs.  Progress goes to
+stderr; the last stdout line is the JSON object (``targets_met`` false is
+reported, never an exit status).
 """
 
 from __future__ import annotations

@@ -633,3 +633,23 @@ def test_a_queued_request_is_one_list_entry_and_nothing_else(
     assert not redis_client.exists(k.payloads) and not redis_client.exists(k.queue)
     assert set(redis_client.hkeys(k.meta)) == {b"seq", b"n"}  # no per-request meta
     assert redis_client.lindex(k.level(1), 0) == b"2 p1"  # "<id> <payload>"
+
+
+def test_a_drained_partition_keeps_only_a_few_packed_counters(
+    frontier: RedisFrontier, redis_client: redis.Redis
+) -> None:
+    """Hundreds of leases at once turn the meta hash into a hash table; once
+    the partition drains the ack writes it afresh, packed (the crawl keeps
+    it for good, so it counts in the bytes each seen URL costs)."""
+    for i in range(300):
+        frontier.enqueue(3, f"{i:040x}", "p")
+    leased = frontier.pop(3, "node-a", 1, count=300)
+    k = frontier.keys(3)
+    assert redis_client.object("encoding", k.meta) == b"hashtable"
+    half = [x.token.ref for x in leased[:150]]
+    assert frontier.ack(3, half) == 150
+    assert redis_client.object("encoding", k.meta) == b"hashtable"  # leases still out
+    assert frontier.ack(3, [x.token.ref for x in leased[150:]]) == 150
+    assert redis_client.object("encoding", k.meta) in (b"ziplist", b"listpack")
+    assert redis_client.hgetall(k.meta) == {b"seq": b"300", b"n": b"0"}
+    assert frontier.enqueue(3, "f" * 40, "next") == "301"  # the sequence goes on

@@ -6,7 +6,8 @@ if redis.call("ZREM", KEYS[1], id) == 0 then
   return 0
 end
 local e = redis.call("HGET", KEYS[3], "e:" .. id)
-if e then redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) end
+-- A counter at zero is deleted: epochs come and go, their fields must not stay.
+if e and redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[3], "h:" .. e) end
 local payload = redis.call("HGET", KEYS[2], id)
 redis.call("RPUSH", KEYS[4], cjson.encode({
   id = id, partition = ARGV[3], payload = payload or cjson.null, reason = ARGV[2],

@@ -14,7 +14,8 @@ for i = #ARGV, 1, -1 do
   if id and redis.call("ZREM", KEYS[2], id) == 1 then
     n = n + 1
     local e = redis.call("HGET", KEYS[3], "e:" .. id)
-    if e then redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) end
+    -- A counter at zero is deleted: epochs come and go, their fields must not stay.
+  if e and redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[3], "h:" .. e) end
     redis.call("HINCRBY", KEYS[3], "d:" .. id, -1)
     redis.call("HDEL", KEYS[3], "e:" .. id)
     put_back(KEYS[1], KEYS[4], KEYS[3], id)

@@ -12,7 +12,8 @@ for i = #expired, 1, -1 do
   local id = expired[i]
   redis.call("ZREM", KEYS[2], id)
   local e = redis.call("HGET", KEYS[4], "e:" .. id)
-  if e then redis.call("HINCRBY", KEYS[4], "h:" .. e, -1) end
+  -- A counter at zero is deleted: epochs come and go, their fields must not stay.
+  if e and redis.call("HINCRBY", KEYS[4], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[4], "h:" .. e) end
   redis.call("HDEL", KEYS[4], "e:" .. id)
   local n = tonumber(redis.call("HGET", KEYS[4], "d:" .. id) or "0")
   if n >= tonumber(ARGV[1]) then

@@ -104,7 +104,9 @@ How it is measured
       ``reasons`` (count per reason), ``planted`` / ``planted_found`` (the
       ids :meth:`RedisFrontier.enqueue` returned for the garbage payloads,
       and how many of them are dead letters) and ``letters`` (the first few,
-      with partition, reason and URL).
+      with partition, reason and URL); ``lost_dead_lettered`` says how many
+      lost pages are dead letters (e.g. after ``BANKER_REDIS_MAX_DELIVERIES``
+      expired leases).
     * ``faults_injected``: count per kind; ``events``: every injected fault
       with its time (s from the fleet's start), target and bound.
 
@@ -126,7 +128,8 @@ Usage::
 ``--concurrent``, ``--appendfsync``, ``--timeout`` override the mode;
 ``--kinds`` injects only the listed fault kinds (at their places in the
 seeded schedule), e.g. ``--tiny --seed 3 --kinds zombie`` for one zombie;
-``--keep`` keeps the workers' logs, stats and fetch logs.  Progress goes to
+``--keep`` keeps the workers' logs, stats and fetch logs; ``--set KEY=JSON``
+adds a worker setting (repeatable).  Progress goes to
 stderr; the last stdout line is the JSON object (``targets_met`` false is
 reported, never an exit status).
 """
@@ -136,6 +139,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
+import json
 import os
 import random
 import signal
@@ -361,7 +365,8 @@ class Chaos:
         self.slots: list[Incarnation] = []
         self.retired: list[Incarnation] = []
         self.events: list[Event] = []
-        self.planted: dict[str, int] = {}
+        #: (partition, id) of every planted payload (ids are per partition).
+        self.planted: set[tuple[int, str]] = set()
         self.seeds = farm.start_urls()
         self._queue: list[tuple[float, int, str, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -540,7 +545,7 @@ class Chaos:
         request_id = self.frontier.enqueue(partition, f"chaos-malformed-{n}", payload, priority=5)
         if request_id is None:
             raise RuntimeError("the planted payload was refused as a duplicate")
-        self.planted[request_id] = partition
+        self.planted.add((partition, request_id))
         self._record(Event("malformed_payload", self.now(), f"partition {partition}",
                            {"id": request_id}))  # fmt: skip
 
@@ -680,6 +685,19 @@ def attribute_duplicates(
     return blame
 
 
+def _extra_settings(pairs: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {pair!r}: expected KEY=JSON")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     size = parser.add_mutually_exclusive_group()
@@ -696,6 +714,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="seconds before the crawl is declared stuck")  # fmt: skip
     parser.add_argument("--appendfsync", choices=("always", "everysec"), default="always",
                         help="redis-server's AOF fsync policy")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="extra setting for every worker, e.g. BANKER_REDIS_BUFFER=8",
+    )
     parser.add_argument(
         "--keep",
         action="store_true",
@@ -753,6 +778,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         farm.reset()
         chaos = Chaos(mode, rng, farm, server, workdir)
+        chaos.settings_extra = _extra_settings(args.set)
         sampler = Sampler(farm, PER_HOST, time.time())
         chaos.start_fleet()
         sampler.start()
@@ -814,7 +840,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _log(f"!! could not read the dead letters: {exc!r}")
             letters = []
         reasons = Counter(d.reason for d in letters)
-        planted_found = [d for d in letters if d.id in chaos.planted]
+        dead_urls = {d.payload.url for d in letters if d.payload.url}
+        planted_found = [d for d in letters if (d.partition, d.id) in chaos.planted]
         planted_ok = len(planted_found) == len(chaos.planted) and all(
             d.reason.startswith("malformed") for d in planted_found
         )
@@ -864,9 +891,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lease_ttl_s": LEASE_TTL_S,
             "node_timeout_s": NODE_TIMEOUT_S,
             "redis_appendfsync": args.appendfsync,
+            "extra_settings": chaos.settings_extra,
             "faults_injected": {k: faults.get(k, 0) for k in KINDS},
             "lost": len(lost_urls),
             "lost_sample": lost_urls[:20],
+            "lost_dead_lettered": sum(1 for u in lost_urls if u in dead_urls),
             "duplicates": duplicates,
             "duplicates_bound": bound,
             "duplicates_by_cause": dict(sorted(blame.causes.items())),

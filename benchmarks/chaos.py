@@ -221,7 +221,7 @@ class Mode:
 
 QUICK = Mode(workers=3, hosts=240, total_pages=15000, latency_ms=200.0, duration_s=150.0,
              timeout_s=420.0)  # fmt: skip
-FULL = Mode(workers=4, hosts=600, total_pages=62000, latency_ms=200.0, duration_s=780.0,
+FULL = Mode(workers=4, hosts=600, total_pages=90000, latency_ms=200.0, duration_s=780.0,
             timeout_s=1500.0)  # fmt: skip
 TINY = Mode(workers=3, hosts=40, total_pages=3000, latency_ms=150.0, duration_s=25.0,
             timeout_s=120.0, warmup_s=4.0, gap_s=(3.0, 5.0))  # fmt: skip

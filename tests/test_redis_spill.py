@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from scrapy_banker.redis.connection import redacted_url
 from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.settings import load_redis_config
 from scrapy_banker.spill import SpilledEnqueue, SpilledLease, SpillOps
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer, free_port
@@ -226,3 +228,57 @@ def test_redis_unreachable_at_start_fails_scrapy_crawl_with_a_masked_url(
     assert "BANKER_REDIS_CONNECT_TIMEOUT" in output
     assert secret not in output
     assert elapsed < 30, elapsed  # the timeout, not redis-py's retries forever
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret@h:6379/2", "redis://:***@h:6379/2"),
+        ("rediss://user:s3cret@h:6380/0", "rediss://user:***@h:6380/0"),
+        ("redis://s3cret@h:6379", "redis://:***@h:6379"),
+        ("redis://h:6379/0?password=s3cret&db=1", "redis://h:6379/0?password=***&db=1"),
+        ("unix:///run/redis.sock?password=s3cret", "unix:///run/redis.sock?password=***"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+    ],
+)
+def test_the_url_in_errors_never_shows_the_password(url: str, shown: str) -> None:
+    assert redacted_url({"REDIS_URL": url}) == shown
+
+
+def test_without_redis_url_the_address_is_built_from_host_port_and_db() -> None:
+    settings = {"REDIS_HOST": "r1", "REDIS_PORT": 7000, "REDIS_PARAMS": {"password": "s3cret"}}
+    assert redacted_url(settings) == "redis://:***@r1:7000/0"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("BANKER_REDIS_CONNECT_TIMEOUT", -1, r"BANKER_REDIS_CONNECT_TIMEOUT=-1: expected seconds"),
+        ("BANKER_REDIS_CONNECT_TIMEOUT", "soon", r"0: wait forever"),
+        ("BANKER_REDIS_SPILL_DIR", "", r"BANKER_REDIS_SPILL_DIR='': expected a file path"),
+        ("BANKER_REDIS_SPILL_DIR", 3, r"BANKER_REDIS_SPILL_DIR=3"),
+    ],
+)
+def test_bad_values_fail_at_start_up_naming_the_setting(
+    name: str, value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_redis_config({name: value})
+    assert load_redis_config({"BANKER_REDIS_CONNECT_TIMEOUT": "0"}).connect_timeout == 0.0
+
+
+def test_the_spill_directory_is_the_setting_else_jobdir_else_the_project_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_banker.redis.store import spill_dir
+
+    monkeypatch.chdir(tmp_path)  # no scrapy.cfg here: data_path is ./.scrapy
+    explicit = get_crawler(settings_dict={"BANKER_REDIS_SPILL_DIR": str(tmp_path / "s")})
+    assert spill_dir(explicit, "x") == str(tmp_path / "s")
+    jobdir = get_crawler(settings_dict={"JOBDIR": str(tmp_path / "job")})
+    assert spill_dir(jobdir, "x") == str(tmp_path / "job" / "banker-redis-spill")
+    assert spill_dir(get_crawler(), "my/spider") == str(
+        Path(".scrapy") / "banker-spill" / "my_spider"
+    )

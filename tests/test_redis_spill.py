@@ -181,6 +181,8 @@ def test_redis_gone_at_stop_spills_and_the_next_worker_replays_it(tmp_path: Path
         assert {"enqueue", "ack"} <= kinds  # children never sent, parents never acked
         served_before = _served(farm)
         assert served_before < len(farm.expected_urls())
+        with files[0].open("a", encoding="utf-8") as f:
+            f.write('{"v": 1, "op": "ack", "p": "torn\n')  # a damaged line: never fatal
 
         server.start()  # same port, same AOF: the crawl as Redis last confirmed it
         second = FleetWorker(
@@ -200,7 +202,8 @@ def test_redis_gone_at_stop_spills_and_the_next_worker_replays_it(tmp_path: Path
         assert stats["banker/redis/spill/replayed"] == written
         # Requests only the spill knew about: without it they were lost.
         assert stats["banker/redis/spill/enqueued"] > 0
-        assert stats.get("banker/redis/spill/malformed", 0) == 0
+        assert stats["banker/redis/spill/malformed"] == 1
+        assert files[0].with_name(files[0].name + ".bad").read_text("utf-8").startswith('{"v": 1')
         assert not list(spill.glob("spill-*.jsonl"))  # removed once Redis confirmed
         client = redis.Redis.from_url(server.url)
         assert RedisFrontier(client, prefix="banker:fleet", partitions=PARTITIONS).census().drained

@@ -93,7 +93,11 @@ How it is measured
       ``zombie_redelivery`` (an earlier fetch of the URL by the victim shortly
       before the kill / stop: a lease it held), ``zombie_fetched_after_resume``
       (a zombie fetched, within 5 s of its SIGCONT, a URL another worker
-      fetched too: the bug the zombie fault hunts), else ``unexplained``
+      fetched too: the bug the zombie fault hunts), ``redis_outage`` (first
+      fetched around a Redis fault: un-acked while Redis was away, and the
+      worker declared dead before it reconnected -- not counted in
+      ``duplicates_bound``, which covers kills and zombies only), else
+      ``unexplained``
       (listed with times and workers in ``unexplained_duplicates``).  Each
       kill / zombie event says how many duplicates it caused
       (``duplicates_caused``, next to its ``held``), and
@@ -173,6 +177,9 @@ SAMPLE_S = 0.2
 #: How long after SIGCONT a zombie's fetch of a URL someone else fetched is
 #: blamed on the zombie (it must have reloaded its table by then).
 ZOMBIE_WINDOW_S = 5.0
+#: A fetch up to this long (s) after a Redis fault ended may be redelivered
+#: because of it: workers reconnect with a jittered, doubling backoff.
+OUTAGE_AFTER_S = 10.0
 #: A request a victim fetched this long (s) before its kill / SIGSTOP may
 #: still have been un-acked then (acks are flushed within a second; more
 #: while Redis is away).
@@ -333,8 +340,10 @@ class Event:
     detail: dict[str, Any] = field(default_factory=dict)
     bound: int = 0
     bound_estimated: bool = False
-    #: Wall-clock time of a SIGKILL / SIGSTOP (keys :attr:`Blame.per_event`).
+    #: Wall-clock time of the fault (with the victim, keys :attr:`Blame.per_event`).
     wall: float = 0.0
+    #: Seconds Redis is away (Redis faults only).
+    outage_s: float = 0.0
 
 
 class Chaos:
@@ -507,7 +516,8 @@ class Chaos:
     def _fault_redis_kill(self) -> None:
         down = round(self.rng.uniform(1.0, 3.0), 2)
         self.server.kill()
-        self._record(Event("redis_kill", self.now(), "redis-server", {"down_s": down}))
+        self._record(Event("redis_kill", self.now(), "redis-server", {"down_s": down},
+                           wall=time.time(), outage_s=down))  # fmt: skip
 
         def start() -> None:
             t = time.time()
@@ -520,7 +530,8 @@ class Chaos:
     def _fault_client_pause(self) -> None:
         ms = int(self.rng.uniform(1500, 3000))
         self.client.execute_command("CLIENT", "PAUSE", ms, "ALL")
-        self._record(Event("client_pause", self.now(), "redis-server", {"pause_ms": ms}))
+        self._record(Event("client_pause", self.now(), "redis-server", {"pause_ms": ms},
+                           wall=time.time(), outage_s=ms / 1000))  # fmt: skip
 
     def _fault_debug_sleep(self) -> None:
         import redis
@@ -536,7 +547,8 @@ class Chaos:
                 client.close()
 
         threading.Thread(target=sleep, name="debug-sleep", daemon=True).start()
-        self._record(Event("debug_sleep", self.now(), "redis-server", {"sleep_s": seconds}))
+        self._record(Event("debug_sleep", self.now(), "redis-server", {"sleep_s": seconds},
+                           wall=time.time(), outage_s=seconds))  # fmt: skip
 
     def _fault_malformed_payload(self) -> None:
         n = len(self.planted)
@@ -621,6 +633,7 @@ def attribute_duplicates(
     fetches: dict[str, int],
     logs: dict[str, list[tuple[float, str]]],
     incarnations: Sequence[Incarnation],
+    outages: Sequence[tuple[str, float, float]] = (),
 ) -> Blame:
     """Blame each duplicate fetch on the fault that explains it (see the module docstring).
 
@@ -633,7 +646,10 @@ def attribute_duplicates(
     :data:`ZOMBIE_WINDOW_S` of its SIGCONT and another worker fetched the
     URL before (``zombie_fetched_after_resume``); an earlier fetch was a
     resumed zombie's (``zombie_fetched_after_resume`` too: it fetched first,
-    the new owner again); else ``unexplained``.
+    the new owner again); an earlier fetch happened from 2 s before a Redis
+    fault in ``outages`` ((kind, wall start, seconds away)) to
+    :data:`OUTAGE_AFTER_S` after its end, the fetch itself after its start
+    (``redis_outage``); else ``unexplained``.
     """
     by_name = {inc.name: inc for inc in incarnations}
     blame = Blame()
@@ -673,6 +689,11 @@ def attribute_duplicates(
                 if cause is None and episode is not None:
                     cause, event = "zombie_fetched_after_resume", (we, episode[0])
                     blame.zombie_delays.append(te - episode[1])
+            for te, _ in earlier:
+                for kind, start, away in outages:
+                    late = start + away + OUTAGE_AFTER_S
+                    if cause is None and start - 2.0 <= te <= late and t > start:
+                        cause, event = "redis_outage", (kind, start)
             if cause is None:
                 cause = "unexplained"
                 if len(blame.unexplained) < 20:
@@ -833,7 +854,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         duplicates = sum(c - 1 for c in fetches.values() if c > 1)
         max_per_host = max((int(n) for n in stats["max_inflight_per_host"].values()), default=0)
         logs = _read_fetch_logs(incarnations)
-        blame = attribute_duplicates(fetches, logs, incarnations)
+        outages = [(e.kind, e.wall, e.outage_s) for e in chaos.events if e.outage_s]
+        blame = attribute_duplicates(fetches, logs, incarnations, outages)
         try:
             letters = list_dead_letters(chaos.client, chaos.frontier.keyspace)
         except Exception as exc:
@@ -930,6 +952,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             "duplicates_caused": blame.per_event.get((e.target or "", e.wall), 0),
                         }
                         if e.kind in ("worker_kill", "zombie")
+                        else {}
+                    ),
+                    **(
+                        {"duplicates_caused": blame.per_event.get((e.kind, e.wall), 0)}
+                        if e.outage_s
                         else {}
                     ),
                 }

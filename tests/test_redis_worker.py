@@ -174,3 +174,33 @@ def test_a_hungry_worker_steals_waiting_partitions_from_a_saturated_one(
     assert not set(waiting[2:]) & set(a.owned)
     b._idle_census(0.1)  # backing off: no second attempt at once
     assert "banker/redis/steals" not in b.take_counters()
+
+
+def test_a_lease_is_held_only_while_its_pop_or_last_renewal_is_recent(
+    redis_client: redis.Redis,
+) -> None:
+    """A "zombie": a worker stopped (SIGSTOP) past its lease TTL still owns its
+    partitions in its own table when it wakes, but the reaper may have given
+    its leases to another node.  It must not fetch them: its store asks
+    :meth:`FrontierWorker.holds` before dispatching."""
+    now = [1000.0]
+    worker = _worker(redis_client, "a", clock=lambda: now[0])  # lease TTL 60 s
+    for i in range(3):
+        worker.enqueue(EnqueueOp(2, f"fp{i}", f"p{i}"))
+    worker._flush()
+    worker.request(10)
+    worker._pop()
+    tokens = [leased.token for leased in worker.inbound]
+    assert len(tokens) == 3 and all(t.leased_at == 1000.0 for t in tokens)
+    assert all(worker.holds(t, 1000.0 + 47) for t in tokens)  # within 0.8 of the TTL
+    assert not any(worker.holds(t, 1000.0 + 48.5) for t in tokens)
+    # A heartbeat renews every held lease: they are good again from then on.
+    now[0] = 1040.0
+    worker._heartbeat()
+    assert worker.renewed_at == 1040.0
+    assert all(worker.holds(t, 1040.0 + 47) for t in tokens)
+    # Stopped for 70 s (longer than the TTL): nothing is held any more, and
+    # what the reaper does meanwhile is why.
+    assert not any(worker.holds(t, 1040.0 + 70) for t in tokens)
+    # The token's time is not part of its identity (acks, nacks, dict keys).
+    assert tokens[0] == LeaseToken(tokens[0].partition, tokens[0].id, tokens[0].delivery)

@@ -33,7 +33,7 @@ import json
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -178,6 +178,10 @@ class LeaseToken:
     partition: int
     id: str
     delivery: int
+    #: When the pop that leased it was sent (the holder's monotonic clock):
+    #: the lease is known to run at least until then plus the TTL.  Not part
+    #: of the token's identity.
+    leased_at: float = field(default=0.0, compare=False)
 
     @property
     def ref(self) -> str:
@@ -191,10 +195,12 @@ class Leased:
     id: str
     payload: str
     deliveries: int
+    #: See :attr:`LeaseToken.leased_at`.
+    leased_at: float = field(default=0.0, compare=False)
 
     @property
     def token(self) -> LeaseToken:
-        return LeaseToken(self.partition, self.id, self.deliveries)
+        return LeaseToken(self.partition, self.id, self.deliveries, self.leased_at)
 
 
 @dataclass

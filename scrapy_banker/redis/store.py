@@ -505,11 +505,24 @@ class RedisLeaseStore:
         if self._handed_back and token in self._handed_back:
             self._handed_back.discard(token)  # given back when the partition moved
             return False
-        if token.partition in self.worker.owned:
-            return True
-        self.worker.nack(token)
-        self.stats.inc_value("banker/redis/handed_back")
-        return False
+        if token.partition not in self.worker.owned:
+            self.worker.nack(token)
+            self.stats.inc_value("banker/redis/handed_back")
+            return False
+        if not self.worker.holds(token, time.monotonic()):
+            # This node was stopped past the lease (SIGSTOP, a suspended VM):
+            # it may be another node's now.  Given back with its delivery
+            # number, the nack changes nothing if it is; the request waits in
+            # Redis if not.  Never fetched here on a lease it cannot prove.
+            logger.warning(
+                "Not fetching %s: its lease (partition %d) may have expired while "
+                "this node was not running; given back",
+                entry.item.url, token.partition,
+            )  # fmt: skip
+            self.worker.nack(token)
+            self.stats.inc_value("banker/redis/lease_lapsed")
+            return False
+        return True
 
     def dispatched(self, request: Request) -> str:
         token = lease_of(request, self.rconfig.partitions)

@@ -49,6 +49,7 @@ import random
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import redis
@@ -178,6 +179,9 @@ class FrontierWorker:
         # Leases this node holds (buffered or in flight): renewed each heartbeat.
         # Only this thread touches it.
         self._held: dict[int, set[str]] = {}
+        #: When the last renewal round of every held lease was sent (monotonic,
+        #: taken before the call; written by this thread, read by the reactor's).
+        self.renewed_at = float("-inf")
         self._counters: dict[str, int] = {}
         self._cursor = 0
         self._nonempty: set[int] = set()
@@ -454,7 +458,9 @@ class FrontierWorker:
         self._apply(table)
         held = {p: sorted(ids) for p, ids in self._held.items() if ids}
         if held:
+            sent = self.clock()
             self.frontier.renew_many(held)
+            self.renewed_at = sent
         if self.placement is not None:
             self._place()
 
@@ -657,6 +663,20 @@ class FrontierWorker:
         if wake:
             self.registry.notify(wake)
 
+    def holds(self, token: LeaseToken, now: float) -> bool:
+        """Whether ``token``'s lease is known to run for a while yet (a fifth of the TTL).
+
+        It ran at least until the later of its pop and the last renewal
+        round, both stamped before the call was sent, plus the TTL.  A node
+        that was stopped past that -- SIGSTOP, a suspended VM, a Redis outage
+        longer than the lease -- may have seen it reaped and leased to
+        another node, which fetches it: fetching it here too would break the
+        host's politeness and duplicate the page.  Its partitions may still
+        look owned here, since the table is reloaded only on the next step.
+        """
+        ttl = self.frontier.lease_ttl_ms / 1000
+        return now < max(token.leased_at, self.renewed_at) + 0.8 * ttl
+
     def _forget(self, token: LeaseToken) -> None:
         ids = self._held.get(token.partition)
         if ids is not None:
@@ -706,6 +726,7 @@ class FrontierWorker:
         candidates = list(counts)
         for i in range(0, len(candidates), 128):
             chunk = {p: owned[p] for p in candidates[i : i + 128]}
+            sent = self.clock()
             result = self.frontier.pop_many(chunk, self.node, self.pop_per_partition, counts=counts)
             for p in result.empty:
                 self._nonempty.discard(p)
@@ -722,7 +743,7 @@ class FrontierWorker:
             for leased in result.leased:
                 self._nonempty.add(leased.partition)
                 held.setdefault(leased.partition, set()).add(leased.id)
-                self.inbound.append(leased)
+                self.inbound.append(replace(leased, leased_at=sent))
             got += len(result.leased)
             if got >= self.want:
                 break

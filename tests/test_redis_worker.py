@@ -204,3 +204,10 @@ def test_a_lease_is_held_only_while_its_pop_or_last_renewal_is_recent(
     assert not any(worker.holds(t, 1040.0 + 70) for t in tokens)
     # The token's time is not part of its identity (acks, nacks, dict keys).
     assert tokens[0] == LeaseToken(tokens[0].partition, tokens[0].id, tokens[0].delivery)
+
+
+def test_a_worker_retries_redis_at_least_once_a_heartbeat(redis_client: redis.Redis) -> None:
+    # Backing off longer than a heartbeat after an outage got live workers
+    # declared dead by the others (chaos soak): the cap follows the heartbeat.
+    assert _worker(redis_client, "a", heartbeat_s=1.5).error_backoff_max_s == 1.5
+    assert _worker(redis_client, "b", heartbeat_s=30.0).error_backoff_max_s == 10.0

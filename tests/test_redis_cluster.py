@@ -164,6 +164,8 @@ def test_frontier_lifecycle_on_every_partition(
         ]
         assert all(x.partition == p for x in popped)
         assert frontier.queued(p) == 0 and frontier.leased(p) == 3
+        # Their fetches begin (the worker marks what it dispatches).
+        assert frontier.start_many({p: [x.token.ref for x in popped]}) == 3
         assert frontier.ack(p, [high]) == 1
         assert frontier.ack(p, [high]) == 0  # already gone
         assert frontier.renew(p, [low, forced, high]) == 2  # never resurrects the acked one
@@ -176,6 +178,7 @@ def test_frontier_lifecycle_on_every_partition(
         assert frontier.reap(p) == (1, 0)  # first delivery expired: back to the queue
         again = frontier.pop(p, "w", 1, count=5)
         assert [(x.id, x.payload, x.deliveries) for x in again] == [(ids[p]["low"], f"L{p}", 2)]
+        assert frontier.start_many({p: [again[0].token.ref]}) == 1
 
     _wait_for_lease_expiry()
     assert frontier.reap_all("w") == (0, PARTITIONS)  # max_deliveries=2 reached everywhere

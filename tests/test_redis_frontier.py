@@ -54,11 +54,15 @@ def test_only_the_owner_at_its_epoch_can_pop(frontier: RedisFrontier) -> None:
 def test_unacked_lease_is_redelivered_then_dead_lettered(frontier: RedisFrontier) -> None:
     frontier.enqueue(3, "fp", '{"url": "http://a/x"}', priority=7)
     (first,) = frontier.pop(3, "node-a", 1)
+    assert frontier.start_many({3: [first.token.ref]}) == 1  # its fetch began
+    assert frontier.start_many({3: [first.token.ref]}) == 0  # once per delivery
     assert frontier.reap(3) == (0, 0)  # lease still valid
     time.sleep(0.4)
     assert frontier.reap(3) == (1, 0)  # worker died: back to the queue
     (second,) = frontier.pop(3, "node-a", 1)
     assert second.id == first.id and second.deliveries == 2
+    assert frontier.start_many({3: [first.token.ref]}) == 0  # a stale delivery marks nothing
+    assert frontier.start_many({3: [second.token.ref]}) == 1
     time.sleep(0.4)
     assert frontier.reap(3) == (0, 1)  # max_deliveries reached
     (dead,) = frontier.dead_letters(3)
@@ -424,9 +428,17 @@ def test_reap_all_in_chunks_reaps_every_partition(frontier: RedisFrontier, chunk
     time.sleep(0.4)
     assert frontier.reap_all("node-a", chunk=chunk) == (8, 0)
     for p in range(8):
-        frontier.pop(p, "node-a", 1)
+        (leased,) = frontier.pop(p, "node-a", 1)
+        frontier.start_many({p: [leased.token.ref]})
     time.sleep(0.4)
-    assert frontier.reap_all("node-a", chunk=chunk) == (0, 8)  # max_deliveries=2 reached
+    # The second delivery's fetch began; the first never did (nothing marked):
+    # only one counted so far, below max_deliveries=2.
+    assert frontier.reap_all("node-a", chunk=chunk) == (8, 0)
+    for p in range(8):
+        (leased,) = frontier.pop(p, "node-a", 1)
+        frontier.start_many({p: [leased.token.ref]})
+    time.sleep(0.4)
+    assert frontier.reap_all("node-a", chunk=chunk) == (0, 8)  # two fetches began: dead
     assert sum(len(frontier.dead_letters(p)) for p in range(8)) == 8
     assert frontier.outstanding() == 0
 
@@ -653,3 +665,27 @@ def test_a_drained_partition_keeps_only_a_few_packed_counters(
     assert redis_client.object("encoding", k.meta) in (b"ziplist", b"listpack")
     assert redis_client.hgetall(k.meta) == {b"seq": b"300", b"n": b"0"}
     assert frontier.enqueue(3, "f" * 40, "next") == "301"  # the sequence goes on
+
+
+def test_a_request_only_ever_buffered_is_never_dead_lettered_by_a_run_of_faults(
+    frontier: RedisFrontier, redis_client: redis.Redis
+) -> None:
+    """Its holders died (or froze) with it in their buffers before fetching it:
+    that says nothing about the request, so no number of such deliveries below
+    the backstop (three times the limit) dead-letters it (the chaos soak lost
+    pages when three faults in a row did)."""
+    rid = frontier.enqueue(3, "fp", "p")
+    for delivery in range(1, 3 * frontier.max_deliveries):
+        (leased,) = frontier.pop(3, "node-a", 1)
+        assert (leased.id, leased.deliveries) == (rid, delivery)
+        time.sleep(0.4)
+        assert frontier.reap(3) == (1, 0)
+    # The backstop: a request whose holders keep dying before they can say
+    # it started (e.g. it kills them) still reaches the dead letters.
+    frontier.pop(3, "node-a", 1)
+    time.sleep(0.4)
+    assert frontier.reap(3) == (0, 1)
+    (dead,) = frontier.dead_letters(3)
+    assert dead["deliveries"] == 3 * frontier.max_deliveries
+    left = redis_client.hkeys(frontier.keys(3).meta)
+    assert not any(k.startswith((b"c:", b"f:", b"d:")) for k in left), left

@@ -420,6 +420,7 @@ class RedisFrontier:
         dead: Sequence[tuple[LeaseToken, str]] = (),
         acks: Mapping[int, Sequence[str]] | None = None,
         nacks: Mapping[int, Sequence[str]] | None = None,
+        starts: Mapping[int, Sequence[str]] | None = None,
     ) -> Flushed:
         """A worker's queued operations, in the order the crawl's guarantees need.
 
@@ -429,11 +430,16 @@ class RedisFrontier:
         parent's ack never lands before its children, and a drain check
         (:meth:`census`) that missed the children sees the version move.  One
         pipeline, one round trip on a single server, whose commands run in
-        the order sent; on a cluster one round trip per step.
+        the order sent; on a cluster one round trip per step.  ``starts``
+        (``partition -> refs`` of deliveries whose fetch began, see
+        :meth:`start_many`) go first: they only mark leases.
         """
         calls: list[tuple[str, ScriptCall]] = [
-            ("enqueue", self._enqueue_call(op)) for op in enqueues
+            ("start", ScriptCall([self.keys(p).meta], list(refs)))
+            for p, refs in (starts or {}).items()
+            if refs
         ]
+        calls += [("enqueue", self._enqueue_call(op)) for op in enqueues]
         steps = [len(calls)]
         acks = {p: ids for p, ids in (acks or {}).items() if ids}
         nacks = {p: ids for p, ids in (nacks or {}).items() if ids}
@@ -550,6 +556,19 @@ class RedisFrontier:
         return self._per_partition(
             "nack", ids, lambda k: [k.levels, k.leases, k.meta, k.payloads], []
         )
+
+    def start_many(self, refs: Mapping[int, Sequence[str]]) -> int:
+        """Mark deliveries whose fetch began (``partition -> id#delivery refs``).
+
+        Only such a delivery counts towards :attr:`max_deliveries` when its
+        lease expires: a request that sat in the buffer of a worker that died
+        or froze goes back to the queue with no mark against it, so a run of
+        faults cannot dead-letter a request that was never fetched.  A
+        request that kills its worker as it is fetched still reaches the dead
+        letters -- if the mark left the worker first (its thread sends it
+        within milliseconds).
+        """
+        return self._per_partition("start", refs, lambda k: [k.meta], [])
 
     def renew(self, partition: int, ids: Sequence[str]) -> int:
         return self.renew_many({partition: ids})

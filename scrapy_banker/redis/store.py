@@ -529,6 +529,7 @@ class RedisLeaseStore:
         if token is None:
             return "memory"
         self._dispatched[request] = token
+        self.worker.started(token)
         return "redis"
 
     def polled(self, request: Request | None) -> None:

@@ -180,6 +180,7 @@ class FrontierWorker:
         self._dead: list[tuple[LeaseToken, str]] = []
         self._acks: list[LeaseToken] = []
         self._nacks: list[LeaseToken] = []
+        self._starts: list[LeaseToken] = []
         # Leases this node holds (buffered or in flight): renewed each heartbeat.
         # Only this thread touches it.
         self._held: dict[int, set[str]] = {}
@@ -248,6 +249,12 @@ class FrontierWorker:
         """Give the request back unprocessed (a clean stop, a partition this node lost)."""
         with self._lock:
             self._nacks.append(token)
+        self._kick()
+
+    def started(self, token: LeaseToken) -> None:
+        """The request went to the downloader: this delivery counts if its lease expires."""
+        with self._lock:
+            self._starts.append(token)
         self._kick()
 
     def dead_letter(self, token: LeaseToken, reason: str) -> None:
@@ -560,7 +567,8 @@ class FrontierWorker:
             dead, self._dead = self._dead, []
             acks, self._acks = self._acks, []
             nacks, self._nacks = self._nacks, []
-        if not (enqueues or dead or acks or nacks):
+            starts, self._starts = self._starts, []
+        if not (enqueues or dead or acks or nacks or starts):
             return 0
         sent = 0
         try:
@@ -571,7 +579,7 @@ class FrontierWorker:
                 self._enqueued(batch, self.frontier.flush(batch).enqueued)
                 sent += len(batch)
             rest = enqueues[sent:]
-            done = self.frontier.flush(rest, dead, _refs(acks), _refs(nacks))
+            done = self.frontier.flush(rest, dead, _refs(acks), _refs(nacks), _refs(starts))
             self._enqueued(rest, done.enqueued)
             sent = len(enqueues)
         except BaseException:
@@ -584,6 +592,7 @@ class FrontierWorker:
                 self._dead[:0] = dead
                 self._acks[:0] = acks
                 self._nacks[:0] = nacks
+                self._starts[:0] = starts
             raise
         self._count("banker/redis/dead_lettered", done.dead_lettered)
         self._count("banker/redis/acked", done.acked)

@@ -16,7 +16,7 @@ for i = 1, #ARGV do
     -- A counter at zero is deleted: epochs come and go, their fields must not stay.
   if e and redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[3], "h:" .. e) end
     redis.call("HDEL", KEYS[2], id)
-    redis.call("HDEL", KEYS[3], "d:" .. id, "s:" .. id, "e:" .. id)
+    redis.call("HDEL", KEYS[3], "d:" .. id, "s:" .. id, "e:" .. id, "c:" .. id, "f:" .. id)
   end
 end
 -- The partition drained: its meta is back to a few counters.  A hash that

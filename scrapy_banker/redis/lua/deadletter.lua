@@ -14,5 +14,5 @@ redis.call("RPUSH", KEYS[4], cjson.encode({
   deliveries = tonumber(redis.call("HGET", KEYS[3], "d:" .. id) or "0"),
 }))
 redis.call("HDEL", KEYS[2], id)
-redis.call("HDEL", KEYS[3], "d:" .. id, "s:" .. id, "e:" .. id)
+redis.call("HDEL", KEYS[3], "d:" .. id, "s:" .. id, "e:" .. id, "c:" .. id, "f:" .. id)
 return 1

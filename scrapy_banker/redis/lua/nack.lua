@@ -16,8 +16,12 @@ for i = #ARGV, 1, -1 do
     local e = redis.call("HGET", KEYS[3], "e:" .. id)
     -- A counter at zero is deleted: epochs come and go, their fields must not stay.
   if e and redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[3], "h:" .. e) end
-    redis.call("HINCRBY", KEYS[3], "d:" .. id, -1)
-    redis.call("HDEL", KEYS[3], "e:" .. id)
+    -- Given back unprocessed: neither the delivery nor a fetch it began counts.
+    local d = redis.call("HINCRBY", KEYS[3], "d:" .. id, -1)
+    if redis.call("HGET", KEYS[3], "f:" .. id) == tostring(d + 1) then
+      redis.call("HINCRBY", KEYS[3], "c:" .. id, -1)
+    end
+    redis.call("HDEL", KEYS[3], "e:" .. id, "f:" .. id)
     put_back(KEYS[1], KEYS[4], KEYS[3], id)
   end
 end

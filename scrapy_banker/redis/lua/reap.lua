@@ -1,4 +1,5 @@
--- Give expired leases back to the queue, or dead-letter them after too many deliveries.
+-- Give expired leases back to the queue, or dead-letter them after too many
+-- deliveries whose fetch began.
 -- KEYS: 1 levels, 2 leases, 3 payloads, 4 meta, 5 dead (list)
 -- ARGV: 1 max deliveries, 2 limit, 3 partition label
 -- Returns {requeued, dead}.
@@ -16,14 +17,20 @@ for i = #expired, 1, -1 do
   if e and redis.call("HINCRBY", KEYS[4], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[4], "h:" .. e) end
   redis.call("HDEL", KEYS[4], "e:" .. id)
   local n = tonumber(redis.call("HGET", KEYS[4], "d:" .. id) or "0")
-  if n >= tonumber(ARGV[1]) then
+  -- Deliveries count once their fetch began (start.lua): one that only sat
+  -- in the buffer of a worker that died or froze is no sign of a poison
+  -- request.  Three times the limit of deliveries in all stops a request
+  -- whose holders keep dying before they can say it started.
+  local fetched = tonumber(redis.call("HGET", KEYS[4], "c:" .. id) or "0")
+  local max = tonumber(ARGV[1])
+  if fetched >= max or n >= 3 * max then
     local payload = redis.call("HGET", KEYS[3], id)
     redis.call("RPUSH", KEYS[5], cjson.encode({
       id = id, partition = ARGV[3], deliveries = n, payload = payload or cjson.null,
       reason = "lease expired after " .. n .. " deliveries",
     }))
     redis.call("HDEL", KEYS[3], id)
-    redis.call("HDEL", KEYS[4], "d:" .. id, "s:" .. id)
+    redis.call("HDEL", KEYS[4], "d:" .. id, "s:" .. id, "c:" .. id, "f:" .. id)
     dead = dead + 1
   else
     put_back(KEYS[1], KEYS[3], KEYS[4], id)

@@ -2,11 +2,12 @@
 
 The short run is the benchmark's ``--tiny`` mode as a subprocess (as a user
 runs it): three real workers, a real ``redis-server`` with AOF, the farm, and
-faults of every kind but the zombie -- worker SIGKILL, Redis SIGKILL +
-restart, ``CLIENT PAUSE``, ``DEBUG SLEEP``, a malformed payload -- in under
-a minute.  It asserts the soak's targets, which are the frontier's
-guarantees: nothing lost, duplicates within what the kills can explain, the
-per-host limit held fleet-wide, the garbage dead-lettered with its reason.
+faults of every kind -- worker SIGKILL, Redis SIGKILL + restart,
+``CLIENT PAUSE``, ``DEBUG SLEEP``, a worker SIGSTOP'd past its lease (a
+zombie), a malformed payload -- in under a minute.  It asserts the soak's
+targets, which are the frontier's guarantees: nothing lost, duplicates
+within what the kills can explain, the per-host limit held fleet-wide, the
+garbage dead-lettered with its reason.
 The bookkeeping (the seeded schedule, the blame of each duplicate) is unit
 tested on hand-made logs.
 """
@@ -52,12 +53,13 @@ def _run(*args: str, timeout: float = 150) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_tiny_soak_loses_nothing_through_mixed_faults() -> None:
-    # Every kind but the zombie: a worker SIGCONT'd after its leases expired
-    # dispatches what it had buffered before it notices that its partitions
-    # moved (the soak with zombies reports it: ``zombie_fetched_after_resume``
-    # duplicates and a host over its limit within milliseconds of SIGCONT).
-    kinds = "worker_kill,redis_kill,client_pause,debug_sleep,malformed_payload"
-    result = _run("--tiny", "--seed", "3", "--kinds", kinds)
+    # Every kind, the zombie too: a worker SIGCONT'd after its leases expired
+    # once dispatched what it had buffered before it noticed that its
+    # partitions moved (``zombie_fetched_after_resume`` duplicates, a host over
+    # its limit within milliseconds of SIGCONT); it now gives back what it
+    # cannot prove it still holds (``banker/redis/lease_lapsed``).
+    kinds = "worker_kill,redis_kill,client_pause,debug_sleep,zombie,malformed_payload"
+    result = _run("--tiny", "--seed", "3")
     for key in (
         "faults_injected", "lost", "duplicates", "duplicates_bound",
         "max_concurrent_per_host", "per_host_limit", "dead_lettered", "targets_met",
@@ -66,7 +68,6 @@ def test_tiny_soak_loses_nothing_through_mixed_faults() -> None:
     faults = result["faults_injected"]
     # Every kind asked for at least once (the tiny schedule is one shuffled round and more).
     assert all(faults[kind] >= 1 for kind in kinds.split(",")), faults
-    assert faults["zombie"] == 0
     assert result["pages_served"] >= result["expected_pages"] > 0
     assert result["lost"] == 0, result["lost_sample"]
     assert result["duplicates"] <= result["duplicates_bound"], result["duplicates_by_cause"]

@@ -182,6 +182,10 @@ class LeaseToken:
     #: the lease is known to run at least until then plus the TTL.  Not part
     #: of the token's identity.
     leased_at: float = field(default=0.0, compare=False)
+    #: The partition's epoch the holder leased it under (0: unknown).  A
+    #: holder that owns the partition again under a newer epoch -- it was
+    #: stopped, declared dead and joined again -- no longer holds it.
+    epoch: int = field(default=0, compare=False)
 
     @property
     def ref(self) -> str:
@@ -195,12 +199,13 @@ class Leased:
     id: str
     payload: str
     deliveries: int
-    #: See :attr:`LeaseToken.leased_at`.
+    #: See :attr:`LeaseToken.leased_at` and :attr:`LeaseToken.epoch`.
     leased_at: float = field(default=0.0, compare=False)
+    epoch: int = field(default=0, compare=False)
 
     @property
     def token(self) -> LeaseToken:
-        return LeaseToken(self.partition, self.id, self.deliveries, self.leased_at)
+        return LeaseToken(self.partition, self.id, self.deliveries, self.leased_at, self.epoch)
 
 
 @dataclass

@@ -685,8 +685,16 @@ class FrontierWorker:
         longer than the lease -- may have seen it reaped and leased to
         another node, which fetches it: fetching it here too would break the
         host's politeness and duplicate the page.  Its partitions may still
-        look owned here, since the table is reloaded only on the next step.
+        look owned here, since the table is reloaded only on the next step;
+        and once it is, a partition it got back under a new epoch does not
+        vouch for leases taken under the old one.
         """
+        epoch = self.owned.get(token.partition)
+        if epoch is None or (token.epoch and epoch != token.epoch):
+            # Lost, or owned again under a newer epoch (stopped past the node
+            # timeout and joined again): leases of the old epoch were reaped
+            # and may be another node's, and renewals do not say whose.
+            return False
         ttl = self.frontier.lease_ttl_ms / 1000
         return now < max(token.leased_at, self.renewed_at) + 0.8 * ttl
 
@@ -756,7 +764,7 @@ class FrontierWorker:
             for leased in result.leased:
                 self._nonempty.add(leased.partition)
                 held.setdefault(leased.partition, set()).add(leased.id)
-                self.inbound.append(replace(leased, leased_at=sent))
+                self.inbound.append(replace(leased, leased_at=sent, epoch=chunk[leased.partition]))
             got += len(result.leased)
             if got >= self.want:
                 break

@@ -4,7 +4,15 @@ Scrapy's JOBDIR queues and scrapy-redis pickle requests; unpickling data that
 someone else can write (a Redis shared by a fleet, a job directory on a shared
 disk) is remote code execution.  Here a request travels as JSON of
 ``Request.to_dict()``; on the way back only allow-listed request classes are
-built and callbacks resolve only to public methods of the running spider.
+built, and a callback or errback resolves the way Scrapy's own
+``request_from_dict`` resolves it -- by name, on the running spider -- kept
+narrow: the name must be one identifier (no dotted chain, no import path),
+not a dunder, and name a plain function defined on the spider's class or one
+of its bases (private ``_callback`` of ``CrawlSpider``, name-mangled
+``_Spider__parse`` and mixin methods included), bound to that spider.  The
+lookup is static first (:func:`inspect.getattr_static`), so resolving a name
+runs no property and no ``__getattr__``.  Encoding checks the same rule, so a
+request is never persisted with a callback that would not resolve back.
 Bytes (body, headers, bytes in meta) are tagged and base64-encoded.
 """
 
@@ -13,8 +21,9 @@ from __future__ import annotations
 import base64
 import inspect
 import json
+import types
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from scrapy.http import FormRequest, JsonRequest, Request, XmlRpcRequest
@@ -29,6 +38,9 @@ __all__ = [
     "MalformedPayload",
     "RequestCodec",
     "UnserializableRequest",
+    "method_name",
+    "method_name_problem",
+    "resolve_method",
 ]
 
 _BYTES_TAG = "\u0000bytes"
@@ -47,6 +59,76 @@ class UnserializableRequest(ValueError):
 
 class MalformedPayload(ValueError):
     """A stored payload is not a request this codec is willing to build."""
+
+
+def method_name_problem(name: object) -> str | None:
+    """Why ``name`` can never name a callback (None: it may, if the spider has it).
+
+    Checked without a spider, e.g. when an operator lists dead letters.
+    """
+    if not isinstance(name, str):
+        return f"is a {type(name).__name__}, not a method name"
+    if not name.isidentifier():
+        return "is not a single identifier (dotted chains and import paths never resolve)"
+    if name.startswith("__") and name.endswith("__"):
+        return "is a dunder name (never resolved)"
+    return None
+
+
+def resolve_method(spider: object, name: object, what: str = "callback") -> Callable[..., Any]:
+    """The spider's method called ``name``, as Scrapy's ``request_from_dict`` finds it.
+
+    Raises :class:`MalformedPayload` saying why when ``name`` is not a plain
+    function of the spider's class (or a base class), bound to ``spider``:
+    properties, class and static methods, attributes, functions stored on
+    the instance and anything :func:`method_name_problem` refuses.
+    """
+    problem = method_name_problem(name)
+    if problem is not None:
+        raise MalformedPayload(f"{what} {name!r} {problem}")
+    assert isinstance(name, str)
+    static = inspect.getattr_static(spider, name, None)  # runs no descriptor, no __getattr__
+    if not isinstance(static, types.FunctionType):
+        kind = "missing" if static is None else type(static).__name__
+        raise MalformedPayload(
+            f"{what} {name!r} is not a method of the spider {type(spider).__name__} ({kind})"
+        )
+    bound = getattr(spider, name)
+    if not (inspect.ismethod(bound) and bound.__self__ is spider):
+        raise MalformedPayload(
+            f"{what} {name!r} is not a method bound to the spider {type(spider).__name__}"
+        )
+    return bound  # type: ignore[no-any-return]
+
+
+def method_name(spider: object, method: Callable[..., Any], cache: dict[Any, str]) -> str:
+    """The name :func:`resolve_method` resolves back to ``method`` (encoding's side).
+
+    Raises :class:`UnserializableRequest` for what Scrapy's ``to_dict`` cannot
+    name either (a lambda, another object's method) and for what this
+    codec would refuse to resolve (a class or static method, a dunder).
+    ``cache`` maps functions to names already found (one per codec).
+    """
+    func = getattr(method, "__func__", None)
+    if func is None or getattr(method, "__self__", None) is not spider:
+        raise UnserializableRequest(
+            f"Function {method!r} is not an instance method in: {spider!r}"
+        )
+    name = cache.get(func)
+    if name is not None:
+        return name
+    for klass in type(spider).__mro__:
+        for attr, value in vars(klass).items():
+            if value is func and inspect.getattr_static(spider, attr, None) is func:
+                try:
+                    resolve_method(spider, attr)
+                except MalformedPayload as exc:
+                    raise UnserializableRequest(str(exc)) from None
+                cache[func] = attr
+                return attr
+    raise UnserializableRequest(
+        f"Function {method!r} is not a method of the spider's class in: {spider!r}"
+    )
 
 
 def _path(cls: type) -> str:
@@ -120,6 +202,7 @@ class RequestCodec:
                 )
             classes[_path(loaded)] = loaded
         self.allowed = classes
+        self._names: dict[Any, str] = {}
 
     def encode(self, request: Request, spider: Spider | None = None) -> str:
         cls_path = _path(type(request))
@@ -128,8 +211,17 @@ class RequestCodec:
                 f"request class {cls_path} is not allow-listed "
                 "(add it to BANKER_SERIALIZE_ALLOWED_CLASSES)"
             )
+        callback, errback = request.callback, request.errback
         try:
-            d = request.to_dict(spider=spider)
+            if callable(callback) or callable(errback):
+                # Named here (cached per function) instead of by to_dict's scan
+                # of every spider member, with the rule decode() applies.
+                d = request.replace(callback=None, errback=None).to_dict()
+                for key, func in (("callback", callback), ("errback", errback)):
+                    if callable(func):
+                        d[key] = method_name(spider, func, self._names)
+            else:
+                d = request.to_dict(spider=spider)
         except ValueError as exc:  # e.g. a callback that is not a spider method
             raise UnserializableRequest(str(exc)) from exc
         d["_class"] = cls_path
@@ -202,20 +294,20 @@ class RequestCodec:
             raise MalformedPayload(f"request class {cls_path!r} is not allow-listed")
         if not isinstance(d.get("url"), str):
             raise MalformedPayload("missing or non-string 'url'")
+        methods: dict[str, Callable[..., Any]] = {}
         for name in ("callback", "errback"):
-            method = d.get(name)
+            method = d.pop(name, None)
             if method is None:
                 continue
             if spider is None:
                 raise MalformedPayload(f"{name} {method!r} needs a spider to resolve")
-            if (
-                not isinstance(method, str)
-                or not method.isidentifier()
-                or method.startswith("_")
-                or not inspect.ismethod(getattr(spider, method, None))
-            ):
-                raise MalformedPayload(f"{name} {method!r} is not a public method of the spider")
+            methods[name] = resolve_method(spider, method, name)
         try:
-            return request_from_dict(d, spider=spider)
+            request = request_from_dict(d)
         except (TypeError, ValueError, KeyError) as exc:
             raise MalformedPayload(f"cannot build request: {exc}") from None
+        if methods:
+            # Set after construction: request_from_dict would getattr() the names again.
+            request.callback = methods.get("callback")
+            request.errback = methods.get("errback")
+        return request

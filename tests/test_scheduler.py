@@ -312,7 +312,7 @@ def test_jobdir_unserializable_request_is_reported_not_lost_silently(
         first.close("shutdown")
     assert first.stats.get_value("banker/jobdir/saved") == 1
     assert first.stats.get_value("banker/jobdir/unserializable") == 1
-    assert "Cannot persist" in caplog.text
+    assert "Cannot persist" in caplog.text and "Unable to serialize request" in caplog.text
     dead = (tmp_path / "job" / "banker-deadletter.jsonl").read_text()
     assert "http://h.test/bad" in dead
     second = _open(settings)
@@ -321,7 +321,7 @@ def test_jobdir_unserializable_request_is_reported_not_lost_silently(
 
 def test_unparsable_url_is_logged_counted_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
     scheduler = _open()
-    bad = Request("http://ok.test/")
+    bad = Request("http://ok.test/", dont_filter=True)
     bad._url = "http://[broken-ipv6/x"  # what a buggy middleware could leave behind
     with caplog.at_level(logging.ERROR):
         assert scheduler.enqueue_request(bad) is False
@@ -329,7 +329,40 @@ def test_unparsable_url_is_logged_counted_and_skipped(caplog: pytest.LogCaptureF
     assert "unparsable URL" in caplog.text
     assert scheduler.enqueue_request(Request("http://ok.test/2"))
     assert len(scheduler) == 1
+    # Filtered, the same URL fails first in Scrapy's fingerprinter: its error, as
+    # Scrapy's own scheduler lets it through.
+    filtered = Request("http://ok.test/")
+    filtered._url = "http://[broken-ipv6/x"
+    with pytest.raises(ValueError):
+        scheduler.enqueue_request(filtered)
+    assert scheduler.stats.get_value("banker/queue/malformed_url") == 1
 
+
+
+class FailingFingerprinter:
+    """A user's fingerprinter with a bug."""
+
+    def fingerprint(self, request: Request) -> bytes:
+        raise ValueError("bug in the user's fingerprinter")
+
+
+def test_errors_of_user_components_propagate_as_through_scrapys_scheduler() -> None:
+    scheduler = _open({"REQUEST_FINGERPRINTER_CLASS": FailingFingerprinter})
+    with pytest.raises(ValueError, match="bug in the user's fingerprinter"):
+        scheduler.enqueue_request(Request("http://ok.test/"))
+    assert scheduler.stats.get_value("banker/queue/malformed_url") is None
+
+
+def test_unserializable_requests_are_logged_once_in_scrapys_words(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = _open(_jobdir_settings(tmp_path))
+    with caplog.at_level(logging.WARNING):
+        for i in range(3):
+            scheduler.enqueue_request(Request(f"http://h.test/{i}", meta={"hook": print}))
+    assert caplog.text.count("Unable to serialize request") == 1
+    assert scheduler.stats.get_value("scheduler/unserializable") == 3
+    assert scheduler.stats.get_value("scheduler/enqueued/memory") == 3
 
 # -- drop-in: what Scrapy's own scheduler accepts, and its stats keys ---------------------
 

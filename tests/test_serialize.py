@@ -105,17 +105,149 @@ def test_lambda_callback_is_unserializable(spider: MySpider) -> None:
         ('{"url": "http://h/", "_class": "os.system"}', "not allow-listed"),
         ('{"url": "http://h/", "_class": "subprocess.Popen"}', "not allow-listed"),
         ('{"method": "GET"}', "url"),
-        ('{"url": "http://h/", "callback": "_private"}', "not a public method"),
-        ('{"url": "http://h/", "callback": "__init__"}', "not a public method"),
-        ('{"url": "http://h/", "callback": "name"}', "not a public method"),
-        ('{"url": "http://h/", "errback": "missing"}', "not a public method"),
+        ('{"url": "http://h/", "callback": "__init__"}', "dunder"),
+        ('{"url": "http://h/", "callback": "__class__"}', "dunder"),
+        ('{"url": "http://h/", "callback": "__reduce__"}', "dunder"),
+        ('{"url": "http://h/", "errback": "__getattribute__"}', "dunder"),
+        ('{"url": "http://h/", "callback": "crawler.engine.close_spider"}', "single identifier"),
+        ('{"url": "http://h/", "callback": "os.system"}', "single identifier"),
+        ('{"url": "http://h/", "callback": "builtins:eval"}', "single identifier"),
+        ('{"url": "http://h/", "callback": ["parse"]}', "not a method name"),
+        ('{"url": "http://h/", "callback": {"name": "parse"}}', "not a method name"),
+        ('{"url": "http://h/", "callback": "name"}', "not a method of the spider"),
+        ('{"url": "http://h/", "callback": "logger"}', "property"),
+        ('{"url": "http://h/", "callback": "from_crawler"}', "classmethod"),
+        ('{"url": "http://h/", "callback": "close"}', "staticmethod"),
+        ('{"url": "http://h/", "callback": "stored_function"}', "not a method bound"),
+        ('{"url": "http://h/", "errback": "missing"}', "missing"),
         ('{"url": "http://h/", "body": {"\\u0000bytes": "%%%"}}', "bad bytes"),
         ('{"url": "not a url"}', "cannot build request"),
     ],
 )
 def test_malformed_payloads_are_refused(spider: MySpider, payload: str | bytes, match: str) -> None:
+    spider.stored_function = lambda response: None  # type: ignore[attr-defined]
     with pytest.raises(MalformedPayload, match=match):
         RequestCodec().decode(payload, spider)
+
+
+class Trap(Spider):
+    """A spider whose attributes run code when read: resolving a name must not read them."""
+
+    name = "trap"
+    touched: list[str] = []
+
+    @property
+    def armed(self) -> Any:
+        self.touched.append("property")
+        return self.parse
+
+    def __getattr__(self, name: str) -> Any:
+        self.touched.append(name)
+        return self.parse
+
+
+def test_resolving_a_name_runs_no_property_and_no_getattr() -> None:
+    trap = Trap()
+    Trap.touched.clear()  # Spider.__init__ itself looks for start_urls
+    codec = RequestCodec()
+    for name in ("armed", "conjured"):
+        with pytest.raises(MalformedPayload, match="not a method of the spider"):
+            codec.decode(json.dumps({"url": "http://h/", "callback": name}), trap)
+    assert Trap.touched == []
+
+
+class Mixin:
+    def parse_from_mixin(self, response: Any) -> None:
+        pass
+
+
+class Layered(Mixin, MySpider):
+    name = "layered"
+
+    def __parse_mangled(self, response: Any) -> None:
+        pass
+
+    def mangled_request(self) -> Request:
+        return Request("http://h/m", callback=self.__parse_mangled)
+
+
+def test_what_scrapy_resolves_round_trips() -> None:
+    """Private, name-mangled and mixin methods: what Scrapy's own JOBDIR persists."""
+    spider = Layered()
+    codec = RequestCodec()
+    for request in (
+        Request("http://h/p", callback=spider._private, errback=spider._private),
+        Request("http://h/x", callback=spider.parse_from_mixin, errback=spider.on_error),
+        spider.mangled_request(),
+    ):
+        for payload in (codec.encode(request, spider), codec.encode_compact(request, spider)):
+            back = codec.decode(payload, spider)
+            assert back.callback == request.callback
+            assert back.errback == request.errback
+    assert json.loads(codec.encode(spider.mangled_request(), spider))["callback"] == (
+        "_Layered__parse_mangled"
+    )
+    # Scrapy's own encoder names the same methods.
+    for request in (Request("http://h/", callback=spider._private), spider.mangled_request()):
+        assert request.to_dict(spider=spider)["callback"] == json.loads(
+            codec.encode(request, spider)
+        )["callback"]
+
+
+def test_scrapy_spider_classes_round_trip() -> None:
+    """CrawlSpider's ``_callback``/``_errback`` with ``cb_kwargs``; SitemapSpider's parser."""
+    from scrapy.linkextractors import LinkExtractor
+    from scrapy.spiders import CrawlSpider, Rule, SitemapSpider
+
+    class Crawl(CrawlSpider):
+        name = "crawl"
+        rules = (Rule(LinkExtractor(), callback="parse_item", errback="on_error", follow=True),)
+
+        def parse_item(self, response: Any) -> None:
+            pass
+
+        def on_error(self, failure: Any) -> None:
+            pass
+
+    class Sitemap(SitemapSpider):
+        name = "sitemap"
+        sitemap_urls = ["http://h/robots.txt"]
+
+    crawl, sitemap = Crawl(), Sitemap()
+    codec = RequestCodec()
+    rule_request = Request(
+        "http://h/a", callback=crawl._callback, errback=crawl._errback, cb_kwargs={"rule_index": 0}
+    )
+    back = codec.decode(codec.encode_compact(rule_request, crawl), crawl)
+    assert (back.callback, back.errback, back.cb_kwargs) == (
+        crawl._callback, crawl._errback, {"rule_index": 0},
+    )  # fmt: skip
+    sm = Request("http://h/sitemap.xml", callback=sitemap._parse_sitemap)
+    assert codec.decode(codec.encode(sm, sitemap), sitemap).callback == sitemap._parse_sitemap
+
+
+def test_what_would_not_resolve_back_is_never_persisted(spider: MySpider) -> None:
+    """Encoding applies decoding's rule: a class method or another object's method stays unsaved."""
+    other = MySpider()
+    codec = RequestCodec()
+    for callback in (MySpider.from_crawler, other.parse_item, print):
+        with pytest.raises(UnserializableRequest):
+            codec.encode(Request("http://h/", callback=callback), spider)
+    with pytest.raises(UnserializableRequest, match="meta"):
+        codec.encode(Request("http://h/", meta={"callable": lambda: None}), spider)
+
+
+def test_a_callable_in_a_payload_stays_data(spider: MySpider) -> None:
+    """Names in meta, cb_kwargs or headers are strings: nothing resolves them."""
+    payload = json.dumps({
+        "url": "http://h/",
+        "meta": {"callback": "__init__", "f": "os.system"},
+        "cb_kwargs": {"x": "__class__"},
+    })  # fmt: skip
+    back = RequestCodec().decode(payload, spider)
+    assert back.meta == {"callback": "__init__", "f": "os.system"}
+    assert back.cb_kwargs == {"x": "__class__"}
+    assert back.callback is None
 
 
 def test_a_pickle_payload_is_never_executed(spider: MySpider, tmp_path: Any) -> None:

@@ -31,7 +31,7 @@ from scrapy_banker.partitions import PartitionTable
 from scrapy_banker.redis.frontier import RedisFrontier, in_bloom
 from scrapy_banker.redis.keys import Keyspace, decode
 from scrapy_banker.redis.registry import NodeRegistry
-from scrapy_banker.serialize import MalformedPayload, RequestCodec
+from scrapy_banker.serialize import MalformedPayload, RequestCodec, method_name_problem
 from scrapy_banker.telemetry import Sample, sample_from_dict
 
 if TYPE_CHECKING:
@@ -534,10 +534,9 @@ def describe_payload(payload: str | None, codec: RequestCodec | None = None) -> 
         error = str(exc)
     for name in ("callback", "errback"):
         value = raw.get(name)
-        if value is not None and (
-            not isinstance(value, str) or not value.isidentifier() or value.startswith("_")
-        ):
-            error = error or f"{name} {value!r} is not a public method name"
+        problem = None if value is None else method_name_problem(value)
+        if problem is not None:
+            error = error or f"{name} {value!r} {problem}"
     return PayloadInfo(
         url=url,
         method=method,

@@ -50,6 +50,7 @@ from scrapy_banker.redis.connection import (
 from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.scheduler.classifier import UnparsableURL
 from scrapy_banker.scheduler.sampler import take_sample
 from scrapy_banker.serialize import MalformedPayload, UnserializableRequest
 from scrapy_banker.settings import ops_config, placement_config, redis_config
@@ -257,6 +258,7 @@ class RedisLeaseStore:
         self._ticks = 0
         self._was_idle = False
         self._seen_work = False
+        self._unserializable_logged = False
         self._next_ack_scan = 0.0
         ops = ops_config(self.crawler)
         self._telemetry_every = ops.timeseries_interval
@@ -474,9 +476,16 @@ class RedisLeaseStore:
         try:
             payload = self.parts.codec.encode_compact(request, self.spider)
         except UnserializableRequest as exc:
-            # Still crawled, by this worker only, and said loudly: it cannot
-            # survive a crash of this worker.
-            logger.error("Cannot queue %s in Redis, keeping it in memory: %s", request, exc)
+            # Still crawled, by this worker only: it cannot survive a crash
+            # of this worker.  Scrapy's words, logged once, then counted.
+            if not self._unserializable_logged:
+                self._unserializable_logged = True
+                logger.error(
+                    "Unable to serialize request: %(request)s - reason: %(reason)s - kept in "
+                    "this worker's memory, not in Redis; no more unserializable requests "
+                    "will be logged (stats being collected)",
+                    {"request": request, "reason": exc},
+                )
             self.stats.inc_value("banker/redis/unserializable")
             self.stats.inc_value("scheduler/unserializable")
             self.queue.push(request, c, now)
@@ -578,9 +587,9 @@ class RedisLeaseStore:
             try:
                 request = codec.decode(leased.payload, spider)
                 c = classify(request)
-            except (MalformedPayload, ValueError) as exc:
+            except (MalformedPayload, UnparsableURL) as exc:
                 # Garbage, a planted pickle, a request class not allowed, a
-                # callback that is not a public spider method: never run,
+                # callback that is no method of the spider: never run,
                 # kept in the partition's dead-letter list with the reason.
                 logger.error(
                     "Dead-lettering malformed request %s of partition %d: %s",

@@ -26,7 +26,7 @@ from scrapy.core.scheduler import BaseScheduler, Scheduler
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_banker.meta import META_SLOT
-from scrapy_banker.scheduler.classifier import Classifier
+from scrapy_banker.scheduler.classifier import Classifier, UnparsableURL
 from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.gate import AdmissionGate
@@ -145,13 +145,14 @@ class BankerScheduler(BaseScheduler):
 
     def enqueue_request(self, request: Request) -> bool:
         store = self.store
+        # Errors of other components (a user's fingerprinter or dupefilter)
+        # propagate, as through Scrapy's scheduler; only a URL nothing can
+        # file is this scheduler's to report.
+        if store.is_duplicate(request):
+            return False
         try:
-            if store.is_duplicate(request):
-                return False
             c = self.classifier.classify(request)
-        except ValueError as exc:
-            # A URL nothing can parse (e.g. a broken IPv6 literal left by a
-            # middleware): say so instead of crashing the crawl.
+        except UnparsableURL as exc:
             logger.error("Dropping request with unparsable URL %s: %s", request, exc)
             self.stats.inc_value("banker/queue/malformed_url")
             return False

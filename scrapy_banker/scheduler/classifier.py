@@ -14,10 +14,19 @@ if TYPE_CHECKING:
     from scrapy_banker.scheduler.downloader import DownloaderView
     from scrapy_banker.settings import BankerConfig
 
-__all__ = ["Classified", "Classifier"]
+__all__ = ["Classified", "Classifier", "UnparsableURL"]
 
 #: Distinct keys whose hash is remembered; cleared when full (only costs re-hashing).
 HASH_CACHE_SIZE = 1 << 17
+
+
+class UnparsableURL(ValueError):
+    """A request's URL has no host or key this frontier can file it under.
+
+    Raised only around the URL parsing itself, so an error of another
+    component (a user's fingerprinter, a topic rule) is never mistaken for
+    it and propagates as it would through Scrapy's own scheduler.
+    """
 
 
 class Classified(NamedTuple):
@@ -28,7 +37,7 @@ class Classified(NamedTuple):
 
 
 class Classifier:
-    """Classify requests by the crawl's rules; ``ValueError`` for a URL nothing can parse."""
+    """Classify requests by the crawl's rules; :class:`UnparsableURL` for a URL it cannot parse."""
 
     def __init__(
         self, config: BankerConfig, downloader: DownloaderView, stats: StatsCollector | None
@@ -45,13 +54,16 @@ class Classifier:
     def classify(self, request: Request) -> Classified:
         topic = request_topic(request, self.config, self.stats)
         downloader = self.downloader
-        slot = downloader.slot_key(request)
-        # With host keys the slot is the host name: parsed once.
-        key = (
-            slot
-            if self._host_key and downloader.slot_is_host(request)
-            else self._key_of(request.url)
-        )
+        try:
+            slot = downloader.slot_key(request)
+            # With host keys the slot is the host name: parsed once.
+            key = (
+                slot
+                if self._host_key and downloader.slot_is_host(request)
+                else self._key_of(request.url)
+            )
+        except ValueError as exc:  # e.g. a broken IPv6 literal left by a middleware
+            raise UnparsableURL(str(exc) or "invalid URL") from exc
         return Classified(topic, slot, key, self.key_hash(key))
 
     def key_hash(self, key: str) -> int:

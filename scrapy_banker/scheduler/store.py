@@ -250,12 +250,16 @@ class MemoryStore:
         self._memory_only.add(request)
         self.parts.stats.inc_value("scheduler/unserializable")
         if not self._unserializable_logged:
+            # Scrapy's words (log monitors grep for them), logged once; unlike
+            # Scrapy, also without SCHEDULER_DEBUG: a request that will not
+            # survive a restart is worth one line.
             self._unserializable_logged = True
             logger.warning(
-                "Cannot persist %s to JOBDIR: %s; it stays in memory and will not "
-                "resume (further ones are only counted in scheduler/unserializable)",
-                request, exc,
-            )  # fmt: skip
+                "Unable to serialize request: %(request)s - reason: %(reason)s - no more "
+                "unserializable requests will be logged (stats being collected)",
+                {"request": request, "reason": exc},
+                extra={"spider": self.spider},
+            )
 
     def refill(self, now: float) -> None:
         if self._inflight:

@@ -55,6 +55,7 @@ from twisted.internet import protocol
 from twisted.python.failure import Failure
 
 from scrapy_banker.gnp import read_rtt_matrix
+from scrapy_banker.testing.static_sites import StaticSite
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,10 @@ class FarmConfig:
     timeout_rate: float = 0.0
     timeout_s: float = 30.0
     domain: str = "farm.test"
+    #: Virtual host name -> directory served as it is (:mod:`.static_sites`).
+    static_sites: dict[str, str] = field(default_factory=dict)
+    #: Virtual host name of a static site -> its latency (default ``latency_ms``).
+    static_latency_ms: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Normalise containers so that configs built by hand, from JSON or
@@ -158,6 +163,10 @@ class FarmConfig:
         setattr_(self, "node_rows", {str(k): int(v) for k, v in self.node_rows.items()})
         setattr_(self, "host_columns", {int(k): int(v) for k, v in self.host_columns.items()})
         setattr_(self, "domain", self.domain.strip(".").lower())
+        setattr_(self, "static_sites",
+                 {str(k).strip(".").lower(): str(v) for k, v in self.static_sites.items()})
+        setattr_(self, "static_latency_ms",
+                 {str(k).strip(".").lower(): float(v) for k, v in self.static_latency_ms.items()})
         if self.bandwidth_kbps is not None:
             setattr_(self, "bandwidth_kbps", float(self.bandwidth_kbps))
         self._validate()
@@ -183,6 +192,9 @@ class FarmConfig:
             raise ValueError("cross_host_link_prob must be in [0, 1]")
         if not self.domain:
             raise ValueError("domain must not be empty")
+        for name in self.static_latency_ms:
+            if name not in self.static_sites:
+                raise ValueError(f"static_latency_ms names {name!r}, which is no static site")
 
     def __hash__(self) -> int:
         return hash(self.to_json())
@@ -716,6 +728,7 @@ class FarmServer:
         self.clock = clock
         self.port = port
         self._bodies: dict[tuple[int, str], tuple[int, bytes, float]] = {}
+        self._sites: dict[str, StaticSite] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -770,8 +783,23 @@ class FarmServer:
             hit = self._bodies[key] = (status, body, extra)
         return hit
 
-    def handle(self, target: str, host_header: str, node: str | None) -> _Answer:
-        """Answer one GET/HEAD; counters are updated at receipt time."""
+    def _static(self, hostname: str) -> StaticSite | None:
+        root = self.model.config.static_sites.get(hostname)
+        if root is None:
+            return None
+        site = self._sites.get(hostname)
+        if site is None:
+            site = self._sites[hostname] = StaticSite(root)
+        return site
+
+    def handle(
+        self, target: str, host_header: str, node: str | None, method: str = "GET"
+    ) -> _Answer:
+        """Answer one request; counters are updated at receipt time.
+
+        Generated hosts answer GET and HEAD (405 otherwise); static sites
+        answer POST like GET.
+        """
         if target.startswith(("http://", "https://")):  # absolute-form (proxies)
             parts = urlsplit(target)
             host_header = parts.netloc
@@ -787,8 +815,15 @@ class FarmServer:
         self.fetches[url] = self.fetches.get(url, 0) + 1
         if node is not None:
             self.per_node[node] = self.per_node.get(node, 0) + 1
-        i = self.model.host_index(hostname)
-        if i is None:
+        site = self._static(hostname)
+        i = None if site is not None else self.model.host_index(hostname)
+        if site is not None:
+            status, body, ctype = site.answer(path)
+            delay = self.model.config.static_latency_ms.get(hostname, self.model.config.latency_ms)
+            answer = _Answer(status, body, delay / 1000.0, hostname, ctype)
+        elif method not in ("GET", "HEAD"):
+            answer = _Answer(405, _status_body(405, method), host=hostname)
+        elif i is None:
             answer = _Answer(404, _status_body(404, f"unknown host {hostname}"), host=hostname)
         else:
             status, body, extra = self._cached(i, path)
@@ -917,12 +952,9 @@ class FarmProtocol(protocol.Protocol):
             return 0
         http10 = version == b"HTTP/1.0"
         keep_alive = b"keep-alive" in connection if http10 else b"close" not in connection
-        if method not in (b"GET", b"HEAD"):
-            self._reply(
-                _Answer(405, _status_body(405, method.decode("latin-1"))), keep_alive, http10, False
-            )
-            return body_len
-        answer = self._server.handle(target.decode("latin-1"), host.decode("latin-1"), node)
+        answer = self._server.handle(
+            target.decode("latin-1"), host.decode("latin-1"), node, method.decode("latin-1")
+        )
         self._reply(answer, keep_alive, http10, method == b"HEAD")
         return body_len
 

@@ -292,30 +292,33 @@ def test_malicious_pickle_in_the_queue_is_never_executed(
     frontier = RedisFrontier(redis_client, prefix="banker:fleet", partitions=PARTITIONS)
     for p in (0, 1, 2):
         frontier.enqueue(p, f"evil-{p}", evil.decode("latin-1"), priority=100)
-    # A JSON payload naming a class outside the allow-list, and one whose
-    # callback is a private method: refused as well.
+    # A JSON payload naming a class outside the allow-list, and ones whose
+    # callback names no method of the spider: refused as well, each with its reason.
     frontier.enqueue(
         3,
         "evil-cls",
         json.dumps({"_class": "subprocess.Popen", "url": "http://x.farm.test/", "args": ["id"]}),
         100,
     )
-    frontier.enqueue(
-        4,
-        "evil-cb",
-        json.dumps({"url": farm.url(0, "/"), "callback": "_private", "method": "GET"}),
-        100,
-    )
+    callbacks = {4: ("_missing", "missing"), 5: ("__init__", "dunder"),
+                 6: ("crawler.engine.close_spider", "single identifier"),
+                 7: ("from_crawler", "classmethod")}  # fmt: skip
+    for p, (callback, _) in callbacks.items():
+        payload = {"url": farm.url(0, f"/{p}"), "callback": callback, "method": "GET"}
+        frontier.enqueue(p, f"evil-cb-{p}", json.dumps(payload), 100)
     workers = _fleet(farm, redis_server, tmp_path, 1)
     # _fleet() resets the farm only: the planted payloads are still queued.
     _wait(workers)
     assert not marker.exists()
     (stats,) = [w.stats() for w in workers]
-    assert stats["banker/redis/malformed"] == 5
-    assert stats["banker/redis/dead_lettered"] == 5
-    dead = [d for p in range(5) for d in frontier.dead_letters(p)]
-    assert len(dead) == 5
+    assert stats["banker/redis/malformed"] == 8
+    assert stats["banker/redis/dead_lettered"] == 8
+    dead = [d for p in range(8) for d in frontier.dead_letters(p)]
+    assert len(dead) == 8
     assert all(d["reason"].startswith("malformed") for d in dead)
+    for p, (_, why) in callbacks.items():
+        (letter,) = frontier.dead_letters(p)
+        assert why in letter["reason"], letter
     expected, fetched, _, _ = _outcome(farm)
     assert fetched == expected  # the crawl itself went on
 

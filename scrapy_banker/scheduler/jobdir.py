@@ -35,11 +35,21 @@ A JOBDIR written by the clean-stop-only version (``banker/state.json`` and
 converted to a snapshot on the first resume.  Entries that cannot be written
 or read back are logged, counted and kept in ``JOBDIR/banker-deadletter.jsonl``
 -- outside ``banker/``.
+
+One process at a time: a crawl holds the advisory lock ``banker/lock``
+(``flock``, exclusive, never waited for) from :meth:`JobDir.restore` to
+:meth:`JobDir.close_journal`, so a second crawl on the same JOBDIR fails at
+open instead of interleaving its journal with the first one's, and
+``scrapy banker deadletters --jobdir --requeue`` (which writes the journal
+too) refuses to run beside a crawl.  The kernel drops the lock when its
+process ends, ``kill -9`` included: a stale lock never blocks a resume.
+Where ``fcntl`` does not exist (Windows) no lock is taken.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -61,6 +71,11 @@ from scrapy_banker.journal import (
 from scrapy_banker.scheduler.classifier import Classified
 from scrapy_banker.serialize import MalformedPayload
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory lock
+    fcntl = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -77,6 +92,8 @@ __all__ = [
     "LEGACY_STATE_VERSION",
     "STATE_VERSION",
     "JobDir",
+    "JobdirLock",
+    "JobdirLocked",
     "read_seen_file",
 ]
 
@@ -89,6 +106,72 @@ STATE_VERSION = LEGACY_STATE_VERSION
 COMPACT_MIN_RECORDS = 100_000
 
 SNAPSHOT = "snapshot.jsonl"
+LOCK = "lock"
+#: ``flock`` errors that mean "this file system cannot lock", not "someone holds it".
+_NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+class JobdirLocked(RuntimeError):
+    """Another process holds a JOBDIR's lock: a crawl runs on it (or a requeue does)."""
+
+
+class JobdirLock:
+    """The advisory lock ``JOBDIR/banker/lock``: one writer of a JOBDIR at a time.
+
+    :meth:`acquire` takes ``flock(LOCK_EX | LOCK_NB)`` or raises
+    :class:`JobdirLocked` naming the JOBDIR and the holder's process id (written
+    into the file by the holder).  Only the ``banker/`` directory must exist.
+    Released by :meth:`release` or by the end of the process.  Without
+    ``fcntl``, or on a file system that cannot lock, nothing is locked (a
+    warning says so in the second case).
+    """
+
+    def __init__(self, jobdir: str) -> None:
+        self.jobdir = jobdir
+        self.path = os.path.join(jobdir, "banker", LOCK)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None or fcntl is None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder(fd)
+            os.close(fd)
+            raise JobdirLocked(
+                f"another crawl holds JOBDIR {self.jobdir} ({holder}lock {self.path}): "
+                "wait until it stops, or give this one another JOBDIR"
+            ) from None
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in _NO_LOCKING:
+                raise
+            logger.warning("Cannot lock JOBDIR %s (%s): a second process on it would not be "
+                           "refused", self.jobdir, exc)  # fmt: skip
+            return
+        with contextlib.suppress(OSError):  # the pid is a courtesy for whoever is refused
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        try:
+            pid = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+        except OSError:
+            return ""
+        return f"process {pid}, " if pid.isdigit() else ""
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor of the open file drops the flock
 
 
 def read_seen_file(path: str) -> set[str] | None:
@@ -188,10 +271,23 @@ class JobDir:
         self.journal_records = 0
         self.snapshot_records = 0
         self._fd: int | None = None
+        #: Held from :meth:`restore` to :meth:`close_journal`.
+        self.lock = JobdirLock(jobdir)
+        #: Why :meth:`restore` failed (None: it did not): this object then writes nothing,
+        #: not even at close -- the JOBDIR may be another crawl's.
+        self._failed: str | None = None
+
+    def _check_writable(self) -> None:
+        if self._failed is not None:
+            raise RuntimeError(
+                f"not writing to JOBDIR {self.root}: this crawl could not restore it "
+                f"({self._failed})"
+            )
 
     # -- writing --------------------------------------------------------------------
 
     def _dead_letter(self, record: dict[str, Any]) -> None:
+        self._check_writable()
         with open(self.deadletter_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -239,8 +335,9 @@ class JobDir:
         The files are the source, not memory: what is written is exactly what
         a crash at this moment would have resumed, minus ``exclude`` (entries
         dead-lettered at resume).  Payloads are copied as text, never
-        re-encoded.
+        re-encoded.  Refused (``RuntimeError``) after a failed :meth:`restore`.
         """
+        self._check_writable()
         state, files = replay(self.path)
         for seq in exclude:
             state.live.pop(seq, None)
@@ -284,7 +381,7 @@ class JobDir:
 
     def _open_journal(self, generation: int) -> None:
         """Start appending to ``generation``'s journal; delete every other journal."""
-        self.close_journal()
+        self._close_fd()
         path = os.path.join(self.path, journal_name(generation))
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.generation = generation
@@ -294,10 +391,15 @@ class JobDir:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.path, name))
 
-    def close_journal(self) -> None:
+    def _close_fd(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def close_journal(self) -> None:
+        """Stop appending and release the JOBDIR lock: the crawl is over with this JOBDIR."""
+        self._close_fd()
+        self.lock.release()
 
     # -- resuming -------------------------------------------------------------------
 
@@ -310,11 +412,30 @@ class JobDir:
     ) -> tuple[int, set[str]]:
         """Queue what the last run left pending; returns ``(restored, seen fingerprints)``.
 
-        Opens the journal for appending.  A journal that was replayed (a
-        crash), a truncated or malformed line, or an old-layout JOBDIR is
-        compacted at once, so the new run appends to a clean file.
+        Takes the JOBDIR lock first (:class:`JobdirLocked` if another process
+        holds it; released by :meth:`close_journal`, or here if the restore
+        fails -- after which this object writes nothing, since Scrapy closes
+        the scheduler of a crawl that failed to open) and opens the journal
+        for appending.  A journal that was replayed (a crash), a truncated or
+        malformed line, or an old-layout JOBDIR is compacted at once, so the
+        new run appends to a clean file.
         """
         os.makedirs(self.path, exist_ok=True)
+        try:
+            self.lock.acquire()
+            return self._restore(queue, spider, slot_key, now)
+        except BaseException as exc:
+            self._failed = str(exc) or type(exc).__name__
+            self.close_journal()
+            raise
+
+    def _restore(
+        self,
+        queue: LocalQueue,
+        spider: Spider | None,
+        slot_key: Callable[[Request], str],
+        now: float,
+    ) -> tuple[int, set[str]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.snapshot_path + ".tmp")  # a compaction cut short
         converted = False

@@ -288,12 +288,9 @@ def test_the_lock_refuses_a_second_crawl_and_a_requeue_and_outlives_compactions(
     refused = re.escape(f"another crawl holds JOBDIR {job} (process {os.getpid()}, lock ")
     with pytest.raises(JobdirLocked, match=refused):
         dl.requeue(str(job), None)
-    second = _scheduler(job)
+    # A second crawl is refused when its scheduler is built, before its spider opens.
     with pytest.raises(JobdirLocked, match=re.escape(f"another crawl holds JOBDIR {job}")):
-        second.open(second.crawler.spider)
-    # Scrapy closes the scheduler of a crawl that failed to open: it must write nothing.
-    with pytest.raises(RuntimeError, match="could not restore it"):
-        second.close("shutdown")
+        _scheduler(job)
     assert _files(job) == before
     crawl.close("shutdown")  # releases the lock
     assert dl.requeue(str(job), None).plan.requeued
@@ -504,15 +501,16 @@ def test_a_dead_lettered_crawlspider_request_is_requeued_and_fetched_on_resume(
     empty = _scrapy(project, "banker", "deadletters", "--jobdir", str(jobdir))
     assert empty.returncode == 0 and empty.stdout.startswith(f"0 dead letters in {jobdir}")
 
-    # A second crawl on a held JOBDIR fails at open and leaves the banker files alone.
-    # (Last: Scrapy's SpiderState extension empties spider.state as a crawl that failed
-    # to open closes, which breaks the next resume's spider_opened.)
+    # A second crawl on a held JOBDIR fails when its scheduler is built, before the
+    # spider opens: it leaves the banker files and Scrapy's spider.state alone.
     before = _files(jobdir)
+    state_before = (jobdir / "spider.state").read_bytes()
     with _locked(jobdir):
         second = _scrapy(project, "crawl", "links")
     assert second.returncode == 1, second.stderr[-3000:]
     assert f"another crawl holds JOBDIR {jobdir}" in second.stderr, second.stderr[-3000:]
     assert _banker_files(jobdir) == _banker_files(before)
+    assert (jobdir / "spider.state").read_bytes() == state_before
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -156,7 +157,13 @@ class MemoryStore:
             dupefilter.file = None
         fingerprinter = getattr(crawler, "request_fingerprinter", None)
         fingerprint = None if fingerprinter is None else _hex_fingerprint(fingerprinter)
-        return cls(parts, dupefilter, jobdir, fingerprint)
+        store = cls(parts, dupefilter, jobdir, fingerprint)
+        if store.jobdir is not None:
+            # Before the spider opens: a crawl refused here has not yet loaded
+            # (nor will it rewrite) the running crawl's spider.state.
+            os.makedirs(store.jobdir.path, exist_ok=True)
+            store.jobdir.lock.acquire()
+        return store
 
     def open(self, spider: Spider) -> Deferred[None] | None:
         self.spider = spider

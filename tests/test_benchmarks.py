@@ -266,3 +266,38 @@ def test_redis_scale_tiny_reports_every_key() -> None:
     for name, verdict in result["targets"].items():
         assert verdict["met"] in (True, False, None), name
         assert verdict["met"] is None or isinstance(verdict["value"], (int, float)), name
+
+
+def _docs_tree(root: Path, pages: int) -> Path:
+    """A small folder of HTML with a real link graph: an index, a chain, and back links."""
+    root.mkdir(parents=True)
+    for k in range(pages):
+        links = "".join(f'<a href="p{j}.html">{j}</a>' for j in ((k + 1) % pages, (k * 7) % pages))
+        (root / f"p{k}.html").write_text(f"<html><title>{k}</title><body>{links}</body></html>")
+    (root / "index.html").write_text('<a href="p0.html">start</a><a href="p5.html">five</a>')
+    return root
+
+
+@pytest.mark.slow
+def test_real_sites_on_written_trees_reports_every_key(tmp_path: Path) -> None:
+    a = _docs_tree(tmp_path / "a", 20)
+    b = _docs_tree(tmp_path / "b", 12)
+    result = _run("real_sites.py", "--quick", "--tree", f"a={a}", "--tree", f"b={b}",
+                  "--fleet", "2", timeout=240)  # fmt: skip
+    assert result["same_url_set"] is True
+    assert result["distinct_pages"] == 21 + 13
+    assert result["pages_per_host"] == {"a.farm.test": 21, "b.farm.test": 13}
+    names = ("dapq_asyncio", "dapq_epoll", "banker", "scrapy_redis_2w", "banker_2w")
+    for name in names:
+        assert _positive(result[f"wall_s_{name}"]), name
+        assert _positive(result[f"cpu_s_{name}"]), name
+        assert set(result[f"inflight_longpole_{name}"]) == {
+            "longpole_first10s", "longpole_last_quarter", "all_first10s", "all_last_quarter"}
+    for name in ("dapq_epoll", "banker", "banker_2w"):
+        assert result[f"duplicates_{name}"] == 0, name
+        assert 1 <= result[f"max_inflight_per_host_{name}"] <= 4, name
+    assert result["longpole_host"] == "a.farm.test"
+    assert result["bound_s"] == max(result["politeness_bound_s"], result["cpu_bound_s"])
+    for key in ("wall_over_bound_banker", "wall_ratio_banker_vs_dapq_epoll",
+                "wall_ratio_banker_vs_dapq_asyncio", "wall_ratio_banker_vs_scrapy_redis_2w"):
+        assert _positive(result[key]), key

@@ -61,7 +61,8 @@ def _request(port: int, host: str, path: str, method: str = "GET") -> tuple[int,
 @pytest.mark.slow
 def test_the_farm_serves_a_static_tree_beside_generated_hosts(tree: Path) -> None:
     config = FarmConfig(hosts=2, total_pages=10, static_sites={"Docs.Farm.Test": str(tree)},
-                        static_latency_ms={"docs.farm.test": 50.0})  # fmt: skip
+                        static_latency_ms={"docs.farm.test": 200.0},
+                        sample_interval_s=0.02)  # fmt: skip
     with WebFarm(config) as farm:
         status, body, ctype = _request(farm.port, "docs.farm.test", "/docs/api/x%20y.html")
         assert (status, body, ctype) == (200, b"<p>x y</p>", "text/html")
@@ -73,7 +74,11 @@ def test_the_farm_serves_a_static_tree_beside_generated_hosts(tree: Path) -> Non
         assert _request(farm.port, farm.model.host_name(0), "/")[0] == 200
         assert _request(farm.port, farm.model.host_name(0), "/", "POST")[0] == 405
         stats = farm.stats(urls=True)
+        samples = farm.samples()
     port = farm.port
+    # The span runs from the first request to the last answer: four 200 ms answers in turn.
+    assert stats["span_s"] >= 0.8
+    assert any(s[1] == 1 and s[2] == {"docs.farm.test": 1} for s in samples), samples[:5]
     assert stats["per_host"]["docs.farm.test"] == 4
     assert stats["fetches"][f"http://docs.farm.test:{port}/feed.csv"] == 1
     assert stats["max_inflight_per_host"]["docs.farm.test"] == 1

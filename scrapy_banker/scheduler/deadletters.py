@@ -76,8 +76,8 @@ __all__ = [
     "JobdirLetter",
     "RequeueOutcome",
     "RequeuePlan",
-    "banker_path",
     "check_payload",
+    "journal_dir",
     "list_letters",
     "parse_letter",
     "pending_fingerprints",
@@ -266,7 +266,7 @@ def _layout(jobdir: str) -> tuple[str, bool]:
     )
 
 
-def banker_path(jobdir: str, *, writing: bool = False) -> str:
+def journal_dir(jobdir: str, *, writing: bool = False) -> str:
     """``jobdir/banker``; ``ValueError`` in one line if there is no scrapy-banker JOBDIR.
 
     ``writing``: the snapshot + journal layout is required (a requeue appends
@@ -397,7 +397,7 @@ def requeue(jobdir: str, count: int | None, codec: RequestCodec | None = None) -
     :class:`~scrapy_banker.scheduler.jobdir.JobdirLocked` if a crawl holds the
     JOBDIR; nothing is changed in either case.
     """
-    path = banker_path(jobdir, writing=True)
+    path = journal_dir(jobdir, writing=True)
     lock = JobdirLock(jobdir)
     lock.acquire()
     try:

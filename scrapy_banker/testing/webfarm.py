@@ -150,6 +150,8 @@ class FarmConfig:
     static_sites: dict[str, str] = field(default_factory=dict)
     #: Virtual host name of a static site -> its latency (default ``latency_ms``).
     static_latency_ms: dict[str, float] = field(default_factory=dict)
+    #: Seconds between samples of the requests in flight (0: no sampling).
+    sample_interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         # Normalise containers so that configs built by hand, from JSON or
@@ -192,6 +194,8 @@ class FarmConfig:
             raise ValueError("cross_host_link_prob must be in [0, 1]")
         if not self.domain:
             raise ValueError("domain must not be empty")
+        if not self.sample_interval_s >= 0:
+            raise ValueError("sample_interval_s must be >= 0")
         for name in self.static_latency_ms:
             if name not in self.static_sites:
                 raise ValueError(f"static_latency_ms names {name!r}, which is no static site")
@@ -746,8 +750,24 @@ class FarmServer:
         inflight: dict[str, int] = getattr(self, "inflight", {})
         self.inflight = {h: n for h, n in inflight.items() if n > 0}
         self.max_inflight = dict(self.inflight)
+        #: Monotonic times of the first request received and the last answer sent.
+        self.first_at: float | None = None
+        self.last_done_at: float | None = None
+        #: ``[seconds since the first request, in flight, {host: in flight}]``.
+        self.samples: list[list[Any]] = []
+
+    def sample(self) -> None:
+        """Record the requests in flight now (called every ``sample_interval_s``)."""
+        if self.first_at is None:
+            return
+        busy = {h: n for h, n in self.inflight.items() if n > 0}
+        self.samples.append(
+            [round(time.monotonic() - self.first_at, 3), sum(busy.values()), busy]
+        )
 
     def enter(self, host: str) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         n = self.inflight.get(host, 0) + 1
         self.inflight[host] = n
         if n > self.max_inflight.get(host, 0):
@@ -755,6 +775,7 @@ class FarmServer:
 
     def leave(self, host: str) -> None:
         self.inflight[host] -= 1
+        self.last_done_at = time.monotonic()
 
     def stats(self, urls: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -764,6 +785,13 @@ class FarmServer:
             "inflight": {h: n for h, n in self.inflight.items() if n},
             "per_node": dict(self.per_node),
             "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            # From the first request received to the last answer sent: the crawl's
+            # span as the sites saw it (no process start-up, no idle-close wait).
+            "span_s": (
+                None
+                if self.first_at is None or self.last_done_at is None
+                else round(self.last_done_at - self.first_at, 4)
+            ),
         }
         if urls:
             out["fetches"] = dict(self.fetches)
@@ -844,6 +872,8 @@ class FarmServer:
         if path == STATS_PREFIX + "stats":
             urls = parse_qs(query).get("urls", ["0"])[0] not in ("", "0", "false")
             body = json.dumps(self.stats(urls), sort_keys=True).encode()
+        elif path == STATS_PREFIX + "samples":
+            body = json.dumps(self.samples).encode()
         elif path == STATS_PREFIX + "reset":
             self.reset()
             body = b'{"ok": true}'
@@ -1045,6 +1075,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     reactor = cast(Any, _reactor)
     server = FarmServer(model, reactor)
+    if config.sample_interval_s > 0:
+        from twisted.internet.task import LoopingCall
+
+        LoopingCall(server.sample).start(config.sample_interval_s, now=False)
     listening = reactor.listenTCP(
         args.port, FarmFactory(server), backlog=1024, interface=args.interface
     )
@@ -1226,6 +1260,10 @@ class WebFarm:
     def reset(self) -> None:
         """Zero the counters and forget which transient URLs already failed."""
         self._get(STATS_PREFIX + "reset")
+
+    def samples(self) -> list[list[Any]]:
+        """In-flight samples since the last reset (``FarmConfig.sample_interval_s``)."""
+        return cast(list[list[Any]], self._get(STATS_PREFIX + "samples"))
 
 
 if __name__ == "__main__":

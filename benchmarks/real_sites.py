@@ -80,6 +80,8 @@ RTT = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
 
 #: Site name -> (Debian package, its HTML directory).
 SITES: dict[str, tuple[str, str]] = {
+    "django": ("python-django-doc", "/usr/share/doc/python-django-doc/html"),
+    "python": ("python3.11-doc", "/usr/share/doc/python3.11/html"),
     "sqlalchemy": ("python-sqlalchemy-doc", "/usr/share/doc/python-sqlalchemy-doc/html"),
     "pytest": ("python-pytest-doc", "/usr/share/doc/python-pytest-doc/html"),
     "flask": ("python-flask-doc", "/usr/share/doc/python-flask-doc/html"),
@@ -119,14 +121,26 @@ def ensure_sites(names: Sequence[str]) -> str | None:
     return None
 
 
-def latencies(names: Sequence[str], seed: int) -> dict[str, float]:
-    """One RTT per site from the PlanetLab matrix: one crawler row, columns in 60-150 ms."""
+def latencies(sizes: dict[str, int], seed: int) -> dict[str, float]:
+    """One RTT per site from the PlanetLab matrix: one crawler row, columns in 60-150 ms.
+
+    The largest site gets the largest of the RTTs drawn, the next largest the
+    next, and so on: the biggest site is the farthest, so the crawl has one
+    long pole that politeness, not CPU, decides -- the case a scheduler can
+    get wrong.
+    """
     matrix = load_rtt_matrix(RTT)
     row = seed % matrix.shape[0]
     cols = [c for c in range(matrix.shape[1]) if 60.0 <= matrix[row, c] <= 150.0]
-    step = max(1, len(cols) // max(1, len(names)))
-    return {n: round(float(matrix[row, cols[(i * step) % len(cols)]]), 1)
-            for i, n in enumerate(names)}  # fmt: skip
+    step = max(1, len(cols) // max(1, len(sizes)))
+    drawn = sorted((round(float(matrix[row, cols[(i * step) % len(cols)]]), 1)
+                    for i in range(len(sizes))), reverse=True)  # fmt: skip
+    by_size = sorted(sizes, key=lambda n: -sizes[n])
+    return dict(zip(by_size, drawn, strict=True))
+
+
+def html_files(root: str) -> int:
+    return sum(1 for _ in Path(root).rglob("*.html"))
 
 
 @dataclass
@@ -166,7 +180,9 @@ def crawl(run: Run, farm: WebFarm, hosts: dict[str, str], tmp: Path,
           redis_url: str | None) -> dict[str, Any]:  # fmt: skip
     """One crawl to completion; what the farm and the crawler(s) saw."""
     farm.reset()
-    starts = [f"http://{h}:{farm.port}/index.html" for h in hosts.values()]
+    # The root, not /index.html: Scrapy makes start URLs dont_filter, and the
+    # pages link back to index.html, which would be fetched twice.
+    starts = [f"http://{h}:{farm.port}/" for h in hosts.values()]
     if run.workers > 1 or run.spider == "rediscrawl":
         import redis
 
@@ -201,6 +217,8 @@ def crawl(run: Run, farm: WebFarm, hosts: dict[str, str], tmp: Path,
     workers = [json.loads(Path(str(out) + ".stats.json").read_text()) for _, out in procs]
     crawler_samples = [json.loads(Path(str(out) + ".samples.json").read_text()) for _, out in procs]
     fetches: dict[str, int] = stats["fetches"]
+    Path(str(tmp / run.name) + ".farm.json").write_text(
+        json.dumps({"stats": stats, "samples": samples}), "utf-8")
     return {
         "name": run.name,
         "wall_s": stats["span_s"],
@@ -210,6 +228,7 @@ def crawl(run: Run, farm: WebFarm, hosts: dict[str, str], tmp: Path,
         "pages": len(fetches),
         "duplicates": sum(n - 1 for n in fetches.values() if n > 1),
         "max_inflight_per_host": max(stats["max_inflight_per_host"].values(), default=0),
+        "host_done_s": stats["host_done_s"],
         "farm_samples": samples,
         "crawler": [summarise(rows) for rows in crawler_samples],
     }
@@ -290,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         key, _, value = pair.partition("=")
         extra[key] = json.loads(value)
     hosts = {n: f"{n}.farm.test" for n in names}
-    lat = latencies(names, args.seed)
+    lat = latencies({n: html_files(dirs[n]) for n in names}, args.seed)
     sizes = [int(x) for x in args.fleet.split(",") if x]
     runs = single_runs(extra) + fleet_runs(sizes, extra)
     if args.only:

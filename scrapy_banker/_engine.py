@@ -41,6 +41,17 @@ def requests_in_progress(crawler: Crawler) -> Collection[Request] | None:
     return inprogress if isinstance(inprogress, (set, frozenset)) else None
 
 
+def scraper_backlog(crawler: Crawler) -> int:
+    """Responses in Scrapy's scraper now (parsed, or their output being scheduled); 0 if unknown."""
+    try:
+        engine = crawler.engine
+    except RuntimeError:
+        return 0
+    slot = getattr(getattr(engine, "scraper", None), "slot", None)
+    active = getattr(slot, "active", None)
+    return len(active) if active is not None else 0
+
+
 def wake_engine(crawler: Crawler) -> None:
     """Ask the engine to call ``next_request`` now rather than on its 5 s heartbeat."""
     try:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from scrapy_banker.directory import ExtendibleDirectory
@@ -200,23 +201,55 @@ class Frontier(Generic[T]):
                     self._blocked.setdefault(lane.slot, []).append(lane)
                     self.blocked_skips += 1
                     continue
-                _, _, entry = heapq.heappop(lane.heap)
-                left = self._pending[lane.slot] - 1
-                if left:
-                    self._pending[lane.slot] = left
-                else:
-                    del self._pending[lane.slot]
-                if lane.heap:
-                    ring.add(lane, lane.head_priority(), left.bit_length())
-                else:
-                    lane.state = _IDLE
-                    del self._lanes[(lane.topic, lane.slot)]
-                self.directory.remove_load(entry.key, 1)
-                self.topics.dispatched(topic, now)
-                self._len -= 1
-                return entry
+                return self._take(lane, ring, now)
             self.topics.idle(topic, now)
         return None
+
+    def pop_slots(
+        self, slots: Iterable[str], is_free: Callable[[str], bool], now: float
+    ) -> Entry[T] | None:
+        """The next entry of one of ``slots`` whose slot has room, or ``None``.
+
+        For a few slots that must be served now whatever the rings say (the
+        pacer's critical hosts): among their lanes, the best head (priority,
+        then FIFO) goes, topic turns aside.  Costs O(slots x topics).
+        """
+        best: _Lane[T] | None = None
+        lanes = self._lanes
+        for slot in slots:
+            if not self._pending.get(slot) or not is_free(slot):
+                continue
+            for topic in self._rings:
+                lane = lanes.get((topic, slot))
+                if lane is not None and (best is None or lane.heap[0] < best.heap[0]):
+                    best = lane
+        if best is None:
+            return None
+        if best.state == _BLOCKED:
+            self._blocked[best.slot].remove(best)
+            if not self._blocked[best.slot]:
+                del self._blocked[best.slot]
+        best.state = _READY
+        best.ticket = -1  # its ring entry, if any, is skipped when it surfaces
+        return self._take(best, self._rings[best.topic], now)
+
+    def _take(self, lane: _Lane[T], ring: _Ring[T], now: float) -> Entry[T]:
+        """Pop ``lane``'s head (the lane is off the ring) and put the lane back if not empty."""
+        _, _, entry = heapq.heappop(lane.heap)
+        left = self._pending[lane.slot] - 1
+        if left:
+            self._pending[lane.slot] = left
+        else:
+            del self._pending[lane.slot]
+        if lane.heap:
+            ring.add(lane, lane.head_priority(), left.bit_length())
+        else:
+            lane.state = _IDLE
+            del self._lanes[(lane.topic, lane.slot)]
+        self.directory.remove_load(entry.key, 1)
+        self.topics.dispatched(lane.topic, now)
+        self._len -= 1
+        return entry
 
     def slot_freed(self, slot: str) -> None:
         lanes = self._blocked.pop(slot, None)
@@ -242,6 +275,11 @@ class Frontier(Generic[T]):
     def slot_backlog(self, slot: str) -> int:
         """Items queued for ``slot``, all topics (what telemetry shows per host)."""
         return self._pending.get(slot, 0)
+
+    @property
+    def backlogs(self) -> Mapping[str, int]:
+        """Items queued per slot (slots with none are absent); a read-only view."""
+        return MappingProxyType(self._pending)
 
     @property
     def blocked_slots(self) -> int:

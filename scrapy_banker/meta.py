@@ -20,7 +20,7 @@ pure cores and tools can name the keys (``tests/test_layers.py`` checks).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
     "ALL_KEYS",
@@ -38,6 +38,7 @@ __all__ = [
     "META_TOPIC",
     "TRANSIENT_KEYS",
     "USER_KEYS",
+    "existing_meta",
 ]
 
 # -- user-facing: a spider may set these ------------------------------------------------
@@ -135,3 +136,17 @@ INTERNAL_KEYS: Final = (META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_
 TRANSIENT_KEYS: Final = (META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0)
 #: Every key, user-facing first.
 ALL_KEYS: Final = USER_KEYS + INTERNAL_KEYS
+
+
+def existing_meta(request: Any) -> dict[str, Any] | None:
+    """A request's meta dict if it has one, without creating it.
+
+    ``Request.meta`` creates an empty dict on first access; on the hot paths
+    that see every link a spider yields (dedup, drops) most requests have
+    none, and creating one each time is wasted work.
+    """
+    if hasattr(request, "_meta"):
+        meta: dict[str, Any] | None = request._meta
+        return meta
+    found: dict[str, Any] = request.meta
+    return found

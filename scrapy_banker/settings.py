@@ -502,6 +502,8 @@ class BankerConfig:
     serialize_allowed_classes: tuple[str, ...] = setting(
         "BANKER_SERIALIZE_ALLOWED_CLASSES", [], _class_paths, group="queue"
     )
+    pacing: bool = setting("BANKER_PACING", True, boolean, group="queue")
+    pacing_backlog: int = setting("BANKER_PACING_BACKLOG", 2, int_at_least(1), group="queue")
     resources: Mapping[str, int] = setting("BANKER_RESOURCES", {}, _resources, group="admission")
     task_claims: Mapping[str, Mapping[str, int]] = setting(
         "BANKER_TASK_CLAIMS", {}, _task_claims, group="admission"

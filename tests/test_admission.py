@@ -63,7 +63,8 @@ def _end(scheduler: Any, request: Request, how: str = "response") -> None:
     elif how == "left":
         scheduler.crawler.signals.send_catch_log(signals.request_left_downloader, request=request)
     elif how == "dropped":
-        scheduler.crawler.signals.send_catch_log(signals.request_dropped, request=request)
+        # A copy the scheduler refuses (here: a duplicate) carries the original's grant.
+        assert scheduler.enqueue_request(request.replace()) is False
 
 
 def task(url: str, name: str, need: int = 1, **meta: Any) -> Request:

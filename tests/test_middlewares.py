@@ -48,6 +48,9 @@ def test_rules_meta_and_default_give_topics() -> None:
     assert [r.meta["banker_topic"] for r in out] == ["news", "archive", "archive", "other"]
     # Topic priority is the scheduler's business: request.priority is untouched.
     assert [r.priority for r in out] == [1, 0, 0, 0]
+    # Counted in batches: flushed every flush_every requests and at the close.
+    assert crawler.stats.get_value("banker/topic/news/requests") is None
+    mw.flush()
     stats = crawler.stats.get_stats()
     assert stats["banker/topic/news/requests"] == 1
     assert stats["banker/topic/archive/requests"] == 2

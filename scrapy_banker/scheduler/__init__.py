@@ -25,7 +25,9 @@ from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler, Scheduler
 from scrapy.utils.misc import build_from_crawler
 
-from scrapy_banker.meta import META_SLOT
+from scrapy_banker._engine import scraper_backlog
+from scrapy_banker.meta import META_GRANT, META_SLOT, existing_meta
+from scrapy_banker.pacing import Pacer, PacerConfig
 from scrapy_banker.scheduler.classifier import Classifier, UnparsableURL
 from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
@@ -72,6 +74,13 @@ class BankerScheduler(BaseScheduler):
         self.counters = SchedulerCounters(parts.stats)
         self.clock = time.monotonic
         self.spider: Spider | None = None
+        #: Long-pole pacing (:mod:`scrapy_banker.pacing`), None with BANKER_PACING off.
+        self.pacer = (
+            Pacer(PacerConfig(backlog=parts.config.pacing_backlog))
+            if parts.config.pacing
+            else None
+        )
+        self.paced = 0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> BaseScheduler:  # type: ignore[override]
@@ -122,18 +131,18 @@ class BankerScheduler(BaseScheduler):
         self.downloader.attach(self.crawler)
         connect = self.crawler.signals.connect
         connect(self._request_left_downloader, signal=signals.request_left_downloader)
-        connect(self._request_dropped, signal=signals.request_dropped)
         return self.store.open(spider)
 
     def close(self, reason: str) -> Deferred[None] | None:
         disconnect = self.crawler.signals.disconnect
         disconnect(self._request_left_downloader, signal=signals.request_left_downloader)
-        disconnect(self._request_dropped, signal=signals.request_dropped)
         now = self.clock()
         if self.gate is not None:
             self.gate.close(now)  # parked requests go back to the queue, and so to the store
         self.counters.flush(now)
         self.queue.publish_stats(self.stats)
+        if self.pacer is not None:
+            self.stats.set_value("banker/pacing/held", self.paced)
         return self.store.close(reason)
 
     def has_pending_requests(self) -> bool:
@@ -149,12 +158,14 @@ class BankerScheduler(BaseScheduler):
         # propagate, as through Scrapy's scheduler; only a URL nothing can
         # file is this scheduler's to report.
         if store.is_duplicate(request):
+            self._dropped(request)
             return False
         try:
             c = self.classifier.classify(request)
         except UnparsableURL as exc:
             logger.error("Dropping request with unparsable URL %s: %s", request, exc)
             self.stats.inc_value("banker/queue/malformed_url")
+            self._dropped(request)
             return False
         now = self.clock()
         self.counters.count("enqueued", store.put(request, c, now), c.topic, now)
@@ -179,7 +190,22 @@ class BankerScheduler(BaseScheduler):
         queue, store, gate = self.queue, self.store, self.gate
         if gate is not None:
             gate.before_pop(now)
-        while (entry := queue.pop(now)) is not None:
+        pop = queue.pop
+        pacer = self.pacer
+        if pacer is not None:
+            if pacer.due(now):
+                self.downloader.priority_slots = pacer.refresh(
+                    now, time.process_time(), self.frontier.backlogs, len(queue),
+                    self.downloader.concurrency,
+                )  # fmt: skip
+            if pacer.hold(scraper_backlog(self.crawler)):
+                critical = pacer.critical
+                self.paced += 1
+
+                def pop(now: float) -> Entry[Request] | None:
+                    return queue.pop_slots(critical, now)
+
+        while (entry := pop(now)) is not None:
             if store.keep(entry) and (gate is None or gate.admit(entry)):
                 return entry
         if gate is not None:
@@ -209,9 +235,22 @@ class BankerScheduler(BaseScheduler):
         self.release(request, "left_downloader")
         # The downloader wrote the slot it used into meta: if a middleware
         # changed it, that slot has room now too.
-        slot = request.meta.get("download_slot")
+        meta = request.meta
+        slot = meta.get("download_slot")
         if slot is not None:
             self.queue.slot_freed(str(slot))
+            if self.pacer is not None:
+                self.pacer.response(str(slot), meta.get("download_latency"))
 
-    def _request_dropped(self, request: Request, spider: Spider | None = None) -> None:
-        self.release(request, "dropped")
+    def _dropped(self, request: Request) -> None:
+        """``enqueue_request`` refuses ``request`` (the engine then sends ``request_dropped``).
+
+        A copy of a request this scheduler handed out (a retry, a redirect)
+        carries its slot and admission grant: free them.  Done here rather
+        than on Scrapy's ``request_dropped`` signal, which the engine sends
+        for every duplicate link -- a receiver costs a signal dispatch per
+        link, most of them with nothing to free.
+        """
+        meta = existing_meta(request)
+        if meta and (meta.get(META_SLOT) is not None or META_GRANT in meta):
+            self.release(request, "dropped")

@@ -48,6 +48,9 @@ class DownloaderView:
         self._total = 0
         #: Requests handed to the engine and not ended yet, per slot.
         self.inflight: dict[str, int] = {}
+        #: Slots that may keep one request waiting in their queue even when the
+        #: downloader has no spare capacity (the pacer's critical hosts).
+        self.priority_slots: frozenset[str] = frozenset()
 
     def attach(self, crawler: Crawler) -> None:
         """Find the engine's downloader (none in unit tests and tools: nothing to protect)."""
@@ -101,14 +104,24 @@ class DownloaderView:
         # transfer of the slot is verifiably under way: Scrapy's downloader
         # starts it the moment a transfer ends, without a round trip through
         # the engine (a few ms per request of the busiest host, which decides
-        # when a crawl ends).  Only with spare downloader capacity: otherwise
-        # the waiting request would hold a place another host could use.
+        # when a crawl ends).  Only with spare downloader capacity -- otherwise
+        # the waiting request would hold a place another host could use --
+        # or for a critical host of the pacer, whose place that is.
         return (
             used == concurrency
-            and 2 * len(dl.active) < self._total
+            and (2 * len(dl.active) < self._total or slot_key in self.priority_slots)
             and len(slot.transferring) >= concurrency
             and not slot.queue
         )
+
+    def concurrency(self, slot_key: str) -> int:
+        """Requests the slot may transfer at once (its own, or what it will get)."""
+        dl = self.downloader
+        slot = None if dl is None else dl.slots.get(slot_key)
+        if slot is None:
+            return self._slot_concurrency(slot_key) if dl is not None else (
+                self.default_concurrency)
+        return int(slot.concurrency)
 
     def _slot_concurrency(self, slot_key: str) -> int:
         """Concurrency the downloader will give a slot it has not created yet."""

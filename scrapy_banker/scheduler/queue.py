@@ -8,7 +8,7 @@ free?" and "is the downloader idle?".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from scrapy_banker.directory import ExtendibleDirectory
@@ -101,6 +101,10 @@ class LocalQueue:
         if entry is None and len(frontier) and self.downloader_idle() and frontier.unblock_all():
             entry = frontier.pop(self.is_free, now)
         return entry
+
+    def pop_slots(self, slots: Iterable[str], now: float) -> Entry[Request] | None:
+        """The next request of one of ``slots`` with room (the pacer's critical hosts)."""
+        return self.frontier.pop_slots(slots, self.is_free, now)
 
     def slot_freed(self, slot: str) -> None:
         self.frontier.slot_freed(slot)

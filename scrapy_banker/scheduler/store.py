@@ -29,6 +29,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_banker._engine import requests_in_progress
 from scrapy_banker.meta import META_SLOT
+from scrapy_banker.scheduler.dupes import SeenURLs
 from scrapy_banker.scheduler.jobdir import JobDir
 from scrapy_banker.serialize import UnserializableRequest
 
@@ -131,6 +132,7 @@ class MemoryStore:
         self.parts = parts
         self.queue = parts.queue
         self.df = dupefilter
+        self.seen = SeenURLs(dupefilter)
         self._fingerprint = fingerprint or _default_fingerprint(parts)
         self.jobdir = (
             None if not jobdir else JobDir(jobdir, parts.codec, parts.stats, self._fingerprint)
@@ -217,13 +219,11 @@ class MemoryStore:
             if unsaved:
                 self.parts.stats.set_value("banker/jobdir/unserializable", unsaved)
             logger.info("Saved %d pending requests to %s", len(state.live), jobdir.path)
+        self.parts.stats.set_value("banker/dupes/memo_hits", self.seen.hits)
         return self.df.close(reason)
 
     def is_duplicate(self, request: Request) -> bool:
-        if not request.dont_filter and self.df.request_seen(request):
-            self.df.log(request, self.spider)  # type: ignore[arg-type]
-            return True
-        return False
+        return self.seen.is_duplicate(request, self.spider)
 
     def put(self, request: Request, c: Classified, now: float) -> str:
         jobdir = self.jobdir

@@ -755,6 +755,8 @@ class FarmServer:
         self.last_done_at: float | None = None
         #: ``[seconds since the first request, in flight, {host: in flight}]``.
         self.samples: list[list[Any]] = []
+        #: Host -> seconds since the first request at which its last answer left.
+        self.host_done: dict[str, float] = {}
 
     def sample(self) -> None:
         """Record the requests in flight now (called every ``sample_interval_s``)."""
@@ -775,7 +777,9 @@ class FarmServer:
 
     def leave(self, host: str) -> None:
         self.inflight[host] -= 1
-        self.last_done_at = time.monotonic()
+        now = self.last_done_at = time.monotonic()
+        if self.first_at is not None:
+            self.host_done[host] = round(now - self.first_at, 3)
 
     def stats(self, urls: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -787,6 +791,7 @@ class FarmServer:
             "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
             # From the first request received to the last answer sent: the crawl's
             # span as the sites saw it (no process start-up, no idle-close wait).
+            "host_done_s": dict(self.host_done),
             "span_s": (
                 None
                 if self.first_at is None or self.last_done_at is None

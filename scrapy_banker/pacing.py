@@ -1,0 +1,138 @@
+"""Long-pole pacing: when parsing is the bottleneck, keep the host that decides the end busy.
+
+A crawl ends when both of its limits are spent: the CPU that parses pages,
+and, for each host, its pages x latency / per-host concurrency (politeness).
+On real sites -- 10 to 20 ms of parsing per page -- one crawler process is
+often CPU-bound: responses wait for the reactor, so a host's slot is held
+for its latency *plus* the time its response waits behind other hosts'
+pages.  That wait costs nothing for a small host, which has time; for the
+largest host (the long pole: most pages x latency) it stretches the crawl,
+which then ends with the CPU idle while that host is still fetched at its
+limit.
+
+The pacer estimates, every ``refresh_s``:
+
+* the CPU still to be spent: pending requests x CPU per response (the
+  process's CPU time over the responses received, smoothed);
+* each host's remaining politeness time: its pending requests x its latency
+  (Scrapy's ``download_latency``, smoothed) / its concurrency;
+
+and calls *critical* the hosts whose remaining politeness time is at least
+``theta`` x the CPU still to be spent: hosts that will decide the end unless
+they are served at their limit from now on.  While a critical host exists
+and the scraper already holds ``backlog`` or more responses (the CPU is
+saturated: more downloads would only wait), the scheduler dispatches only
+critical hosts' requests; other hosts wait for the backlog to drain, which
+keeps the reactor's queue short so the long pole's responses are read and
+its slots refilled at once.  Nothing changes while the CPU keeps up (the
+backlog stays under the threshold) or when no host is critical.
+
+Pure: no Scrapy, Twisted or clock reads; the adapter passes times, CPU
+seconds and the frontier's backlog in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["Pacer", "PacerConfig"]
+
+
+@dataclass(frozen=True)
+class PacerConfig:
+    """Constants of the pacer (``backlog`` is :setting:`BANKER_PACING_BACKLOG`)."""
+
+    #: Responses in the scraper from which the CPU counts as saturated.
+    backlog: int = 2
+    #: A host is critical from ``theta`` x the CPU still to be spent.
+    theta: float = 0.5
+    #: Seconds between two estimates.
+    refresh_s: float = 0.5
+    #: Weight of a new latency sample in a host's smoothed latency.
+    latency_alpha: float = 0.2
+    #: Latency assumed for a host not measured yet.
+    default_latency_s: float = 0.1
+    #: Responses between two estimates of the CPU per response.
+    cpu_window: int = 20
+
+    def __post_init__(self) -> None:
+        if self.backlog < 1:
+            raise ValueError(f"backlog must be >= 1, got {self.backlog!r}")
+        if not self.theta > 0:
+            raise ValueError(f"theta must be > 0, got {self.theta!r}")
+
+
+class Pacer:
+    """Which hosts are critical now, and whether to hold everything else back."""
+
+    def __init__(self, config: PacerConfig | None = None) -> None:
+        self.config = config or PacerConfig()
+        self.latency: dict[str, float] = {}
+        self.critical: frozenset[str] = frozenset()
+        self.responses = 0
+        #: Smoothed CPU seconds per response (None until measured).
+        self.cpu_per_response: float | None = None
+        self._cpu_mark: tuple[float, int] | None = None
+        self._next_refresh = 0.0
+        #: The last estimates, for telemetry: CPU still to spend, the longest pole.
+        self.cpu_left_s = 0.0
+        self.pole_s = 0.0
+
+    def response(self, slot: str, latency_s: float | None) -> None:
+        """A response (or an error) came back from ``slot`` after ``latency_s``."""
+        self.responses += 1
+        if latency_s is None or latency_s < 0:
+            return
+        old = self.latency.get(slot)
+        alpha = self.config.latency_alpha
+        self.latency[slot] = latency_s if old is None else old + alpha * (latency_s - old)
+
+    def due(self, now: float) -> bool:
+        return now >= self._next_refresh
+
+    def refresh(
+        self,
+        now: float,
+        cpu_s: float,
+        backlog: Mapping[str, int],
+        pending: int,
+        concurrency: Callable[[str], int],
+    ) -> frozenset[str]:
+        """Re-estimate; ``backlog``: requests queued per slot, ``pending``: all of them."""
+        cfg = self.config
+        self._next_refresh = now + cfg.refresh_s
+        self._measure_cpu(cpu_s)
+        per = self.cpu_per_response
+        if per is None or not backlog:
+            self.critical = frozenset()
+            return self.critical
+        cpu_left = pending * per
+        latency, default = self.latency, cfg.default_latency_s
+        poles = {
+            slot: n * latency.get(slot, default) / max(1, concurrency(slot))
+            for slot, n in backlog.items()
+        }
+        self.cpu_left_s = cpu_left
+        self.pole_s = max(poles.values())
+        floor = cfg.theta * cpu_left
+        self.critical = frozenset(s for s, left in poles.items() if left >= floor)
+        return self.critical
+
+    def _measure_cpu(self, cpu_s: float) -> None:
+        mark = self._cpu_mark
+        if mark is None:
+            self._cpu_mark = (cpu_s, self.responses)
+            return
+        cpu0, n0 = mark
+        n = self.responses - n0
+        if n < self.config.cpu_window:
+            return
+        sample = (cpu_s - cpu0) / n
+        old = self.cpu_per_response
+        self.cpu_per_response = sample if old is None else (old + sample) / 2
+        self._cpu_mark = (cpu_s, self.responses)
+
+    def hold(self, scraper_backlog: int) -> bool:
+        """Dispatch only critical hosts now?"""
+        return bool(self.critical) and scraper_backlog >= self.config.backlog

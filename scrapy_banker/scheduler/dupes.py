@@ -1,0 +1,87 @@
+"""A memo of request URLs already seen, in front of Scrapy's dupefilter.
+
+Why: a crawl of real sites yields far more links than pages -- the same
+navigation links on every page (a documentation site: ~90 links per page,
+95 % of them already seen).  Scrapy's ``RFPDupeFilter`` answers each with a
+fingerprint: the URL canonicalized (``w3lib.url.canonicalize_url``), JSON,
+SHA-1 -- about a tenth of a ``CrawlSpider``'s CPU, spent mostly on links
+that are exact repeats of a URL string already answered.
+
+For Scrapy's own ``RFPDupeFilter`` with Scrapy's own ``RequestFingerprinter``
+the fingerprint of a ``GET`` without a body is a function of the URL string
+alone (``verbatim_url`` aside), so a URL string that was answered once has
+the same answer forever after: it is in the dupefilter.  This memo keeps the
+most recent such strings (bounded, oldest dropped first) and answers a
+repeat without fingerprinting it; everything else -- another method, a body,
+``verbatim_url``, another dupefilter or fingerprinter, a subclass of either
+-- goes to the dupefilter as before.  The dupefilter stays the authority:
+the memo only holds strings whose fingerprint the dupefilter already has,
+and a duplicate is still logged and counted by it (``dupefilter/filtered``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scrapy.dupefilters import RFPDupeFilter
+from scrapy.utils.request import RequestFingerprinter
+
+from scrapy_banker.meta import existing_meta
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.dupefilters import BaseDupeFilter
+
+__all__ = ["MEMO_SIZE", "SeenURLs"]
+
+#: URL strings remembered; at ~100 bytes a URL, about 10 MB.
+MEMO_SIZE = 1 << 17
+
+
+class SeenURLs:
+    """``is_duplicate(request)`` for a dupefilter, answering exact repeats from memory."""
+
+    def __init__(self, dupefilter: BaseDupeFilter, size: int = MEMO_SIZE) -> None:
+        self.df = dupefilter
+        self.size = size
+        #: Insertion-ordered: the first key is the oldest.
+        self._urls: dict[str, None] = {}
+        self.enabled = _fingerprints_by_url(dupefilter)
+        self.hits = 0
+
+    def is_duplicate(self, request: Request, spider: Spider | None) -> bool:
+        """Scrapy's dupefilter check (``request_seen``, then ``log``), with the memo first."""
+        if request.dont_filter:
+            return False
+        key = self._key(request)
+        urls = self._urls
+        if key is not None and key in urls:
+            self.hits += 1
+            self.df.log(request, spider)  # type: ignore[arg-type]
+            return True
+        seen = self.df.request_seen(request)
+        if key is not None:
+            if len(urls) >= self.size:
+                del urls[next(iter(urls))]
+            urls[key] = None
+        if seen:
+            self.df.log(request, spider)  # type: ignore[arg-type]
+        return bool(seen)
+
+    def _key(self, request: Request) -> str | None:
+        if not self.enabled or request.method != "GET" or request.body:
+            return None
+        meta = existing_meta(request)
+        if meta and meta.get("verbatim_url"):
+            return None
+        return request.url
+
+
+def _fingerprints_by_url(dupefilter: BaseDupeFilter) -> bool:
+    """Whether ``dupefilter`` is Scrapy's own, fingerprinting with Scrapy's own function."""
+    if type(dupefilter) is not RFPDupeFilter:
+        return False
+    if getattr(dupefilter, "_legacy_fingerprint", False):
+        return False
+    fingerprinter = getattr(dupefilter, "fingerprinter", None)
+    return type(fingerprinter) is RequestFingerprinter

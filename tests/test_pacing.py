@@ -1,0 +1,61 @@
+"""The pacer: which hosts decide the end of a CPU-bound crawl, and when to hold the others."""
+
+from __future__ import annotations
+
+import pytest
+
+from scrapy_banker.pacing import Pacer, PacerConfig
+
+
+def _warm(pacer: Pacer, cpu_per_response: float, slot: str = "x", latency: float = 0.1) -> float:
+    """Feed one window of responses costing ``cpu_per_response`` each; returns the CPU clock."""
+    pacer.refresh(0.0, 0.0, {}, 0, lambda s: 4)  # the CPU mark
+    for _ in range(pacer.config.cpu_window):
+        pacer.response(slot, latency)
+    return pacer.config.cpu_window * cpu_per_response
+
+
+def test_the_long_pole_is_critical_when_it_outlasts_the_cpu_work() -> None:
+    pacer = Pacer(PacerConfig(theta=0.5))
+    cpu = _warm(pacer, 0.02, "pole", 0.125)
+    # 800 pending in all at 20 ms: 16 s of CPU.  The pole: 700 x 125 ms / 4 = 21.9 s.
+    backlog = {"pole": 700, "mid": 80, "small": 20}
+    critical = pacer.refresh(1.0, cpu, backlog, 800, lambda s: 4)
+    assert critical == {"pole"}
+    assert pacer.cpu_left_s == pytest.approx(16.0)
+    assert pacer.pole_s == pytest.approx(21.875)
+    # Held only while the scraper is saturated.
+    assert pacer.hold(1) is False and pacer.hold(2) is True
+
+
+def test_no_host_is_critical_when_cpu_decides_the_end() -> None:
+    pacer = Pacer(PacerConfig(theta=0.5))
+    cpu = _warm(pacer, 0.02)
+    backlog = {f"h{i}": 30 for i in range(100)}  # 3,000 pending: 60 s of CPU, poles 0.75 s
+    assert pacer.refresh(1.0, cpu, backlog, 3000, lambda s: 4) == frozenset()
+    assert pacer.hold(100) is False
+
+
+def test_nothing_is_critical_before_the_cpu_cost_is_measured() -> None:
+    pacer = Pacer()
+    pacer.refresh(0.0, 0.0, {"a": 1000}, 1000, lambda s: 1)
+    assert pacer.critical == frozenset() and pacer.cpu_per_response is None
+    pacer.response("a", None)  # a response without a latency counts, adds no latency
+    assert pacer.latency == {} and pacer.responses == 1
+
+
+def test_latency_is_smoothed_per_host_and_estimates_refresh_on_schedule() -> None:
+    pacer = Pacer(PacerConfig(latency_alpha=0.5, refresh_s=0.5))
+    pacer.response("a", 0.2)
+    pacer.response("a", 0.4)
+    assert pacer.latency["a"] == pytest.approx(0.3)
+    assert pacer.due(0.0)
+    pacer.refresh(10.0, 0.0, {}, 0, lambda s: 1)
+    assert not pacer.due(10.4) and pacer.due(10.5)
+
+
+def test_bad_constants_are_refused() -> None:
+    with pytest.raises(ValueError, match="backlog"):
+        PacerConfig(backlog=0)
+    with pytest.raises(ValueError, match="theta"):
+        PacerConfig(theta=0)

@@ -207,31 +207,36 @@ class Frontier(Generic[T]):
 
     def pop_slots(
         self, slots: Iterable[str], is_free: Callable[[str], bool], now: float
-    ) -> Entry[T] | None:
-        """The next entry of one of ``slots`` whose slot has room, or ``None``.
+    ) -> tuple[bool, Entry[T] | None]:
+        """Serve only ``slots`` (the pacer's critical hosts), without overriding topics.
 
-        For a few slots that must be served now whatever the rings say (the
-        pacer's critical hosts): among their lanes, the best head (priority,
-        then FIFO) goes, topic turns aside.  Costs O(slots x topics).
+        Returns ``(False, None)`` when the topic whose turn it is (the first
+        of the topic scheduler's order) has no request on these slots: the
+        caller then pops as usual, so pacing never takes a turn from a
+        topic.  Otherwise ``(True, entry)``: that topic's best head on a
+        slot with room (priority, then FIFO), or ``None`` if those slots are
+        full.  Costs O(slots).
         """
-        best: _Lane[T] | None = None
+        topic = next(iter(self.topics.candidates(now)), None)
+        if topic is None:
+            return False, None
         lanes = self._lanes
-        for slot in slots:
-            if not self._pending.get(slot) or not is_free(slot):
-                continue
-            for topic in self._rings:
-                lane = lanes.get((topic, slot))
-                if lane is not None and (best is None or lane.heap[0] < best.heap[0]):
-                    best = lane
+        mine = [lane for s in slots if (lane := lanes.get((topic, s))) is not None]
+        if not mine:
+            return False, None
+        best: _Lane[T] | None = None
+        for lane in mine:
+            if is_free(lane.slot) and (best is None or lane.heap[0] < best.heap[0]):
+                best = lane
         if best is None:
-            return None
+            return True, None
         if best.state == _BLOCKED:
             self._blocked[best.slot].remove(best)
             if not self._blocked[best.slot]:
                 del self._blocked[best.slot]
         best.state = _READY
         best.ticket = -1  # its ring entry, if any, is skipped when it surfaces
-        return self._take(best, self._rings[best.topic], now)
+        return True, self._take(best, self._rings[best.topic], now)
 
     def _take(self, lane: _Lane[T], ring: _Ring[T], now: float) -> Entry[T]:
         """Pop ``lane``'s head (the lane is off the ring) and put the lane back if not empty."""

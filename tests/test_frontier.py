@@ -8,7 +8,7 @@ from scrapy_banker.topics import TopicScheduler, TopicSpec
 
 
 def _frontier() -> Frontier[str]:
-    topics = TopicScheduler([TopicSpec("a"), TopicSpec("b")])
+    topics = TopicScheduler([TopicSpec("a"), TopicSpec("b", priority=1)])
     return Frontier(topics, ExtendibleDirectory(capacity=4))
 
 
@@ -17,14 +17,17 @@ def _push(f: Frontier[str], item: str, slot: str, topic: str = "a", priority: in
            priority=priority, now=0.0)  # fmt: skip
 
 
-def test_pop_slots_serves_only_the_given_slots_best_head_first() -> None:
+def test_pop_slots_serves_only_the_given_slots_in_topic_order() -> None:
     f = _frontier()
     for i in range(3):
         _push(f, f"big{i}", "big.test")
         _push(f, f"small{i}", "small.test")
     _push(f, "urgent", "big.test", topic="b", priority=5)
     got = [f.pop_slots(["big.test"], lambda s: True, 0.0) for _ in range(5)]
-    assert [e.item if e else None for e in got] == ["urgent", "big0", "big1", "big2", None]
+    # Topic b (priority 1) first, then a's lane on the slot; then a has none there:
+    # (False, None) tells the caller to pop as usual, never to skip a's turn.
+    assert [(ok, e.item if e else None) for ok, e in got] == [
+        (True, "urgent"), (True, "big0"), (True, "big1"), (True, "big2"), (False, None)]
     assert f.backlogs == {"small.test": 3} and len(f) == 3
     # The ordinary pop still sees the rest, and nothing twice.
     rest = [f.pop(lambda s: True, 0.0) for _ in range(4)]
@@ -36,8 +39,8 @@ def test_pop_slots_respects_full_slots_and_lanes_parked_on_them() -> None:
     for i in range(2):
         _push(f, f"x{i}", "x.test")
     assert f.pop(lambda s: False, 0.0) is None  # the lane is parked on its full slot
-    assert f.pop_slots(["x.test"], lambda s: False, 0.0) is None
-    assert f.pop_slots(["x.test"], lambda s: True, 0.0).item == "x0"  # type: ignore[union-attr]
+    assert f.pop_slots(["x.test"], lambda s: False, 0.0) == (True, None)  # held, not skipped
+    assert f.pop_slots(["x.test"], lambda s: True, 0.0)[1].item == "x0"  # type: ignore[union-attr]
     # The lane left the parked list: freeing the slot later queues nothing twice.
     f.slot_freed("x.test")
     assert f.pop(lambda s: True, 0.0).item == "x1"  # type: ignore[union-attr]
@@ -49,6 +52,6 @@ def test_an_emptied_lane_is_gone_from_the_ring() -> None:
     f = _frontier()
     _push(f, "only", "o.test")
     _push(f, "other", "p.test")
-    assert f.pop_slots(["o.test", "missing.test"], lambda s: True, 0.0).item == "only"  # type: ignore[union-attr]
+    assert f.pop_slots(["o.test", "missing.test"], lambda s: True, 0.0)[1].item == "only"  # type: ignore[union-attr]
     assert [f.pop(lambda s: True, 0.0).item, f.pop(lambda s: True, 0.0)] == ["other", None]  # type: ignore[union-attr]
     assert f.lanes == 0

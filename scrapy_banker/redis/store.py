@@ -239,6 +239,7 @@ class RedisLeaseStore:
             slots=max(1, self._concurrent // per_host),
             steal=rconfig.steal,
             seen_cache=rconfig.seen_cache,
+            held_cap=max(rconfig.pop_per_partition, per_host + 1),
         )
         fingerprinter = getattr(self.crawler, "request_fingerprinter", None)
         if fingerprinter is None:  # pragma: no cover - Scrapy < 2.7
@@ -540,6 +541,11 @@ class RedisLeaseStore:
         self._dispatched[request] = token
         self.worker.started(token)
         return "redis"
+
+    def downloaded(self, request: Request) -> None:
+        token = lease_of(request, self.rconfig.partitions)
+        if token is not None:
+            self.worker.downloaded(token)
 
     def polled(self, request: Request | None) -> None:
         if request is None:

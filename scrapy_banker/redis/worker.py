@@ -123,6 +123,7 @@ class FrontierWorker:
         slots: int = 8,
         steal: bool = True,
         seen_cache: int = 0,
+        held_cap: int | None = None,
     ) -> None:
         self.frontier = frontier
         self.placement = placement
@@ -132,11 +133,14 @@ class FrontierWorker:
         self.heartbeat_s = heartbeat_s
         self.reap_interval_s = reap_interval_s
         self.pop_per_partition = pop_per_partition
-        #: Requests of one partition this node holds (buffered or in flight)
+        #: Requests of one partition this node has buffered or downloading
         #: beyond which it does not pop that partition: its host's per-domain
-        #: slots and a request or two ready behind them.  More would only
-        #: lease work this node cannot start, which an idle node could.
-        self.held_cap = pop_per_partition
+        #: slots and a request ready behind them.  More would only lease work
+        #: this node cannot start, which an idle node could.  A request whose
+        #: download is over no longer counts, though its lease is held until
+        #: its callback's output is queued: parsing and the ack's round trip
+        #: must not keep a busy host's slots empty.
+        self.held_cap = pop_per_partition if held_cap is None else held_cap
         self.idle_backoff_max_s = idle_backoff_max_s
         # Never back off past a heartbeat: a worker that retries less often
         # than it beats is declared dead by the others after a Redis outage
@@ -181,9 +185,12 @@ class FrontierWorker:
         self._acks: list[LeaseToken] = []
         self._nacks: list[LeaseToken] = []
         self._starts: list[LeaseToken] = []
+        self._downloaded: list[LeaseToken] = []
         # Leases this node holds (buffered or in flight): renewed each heartbeat.
         # Only this thread touches it.
         self._held: dict[int, set[str]] = {}
+        # The part of _held still buffered or downloading: what held_cap limits.
+        self._downloading: dict[int, set[str]] = {}
         #: When the last renewal round of every held lease was sent (monotonic,
         #: taken before the call; written by this thread, read by the reactor's).
         self.renewed_at = float("-inf")
@@ -255,6 +262,12 @@ class FrontierWorker:
         """The request went to the downloader: this delivery counts if its lease expires."""
         with self._lock:
             self._starts.append(token)
+        self._kick()
+
+    def downloaded(self, token: LeaseToken) -> None:
+        """The request's download is over: its host's slot is free (its lease is still held)."""
+        with self._lock:
+            self._downloaded.append(token)
         self._kick()
 
     def dead_letter(self, token: LeaseToken, reason: str) -> None:
@@ -699,18 +712,31 @@ class FrontierWorker:
         return now < max(token.leased_at, self.renewed_at) + 0.8 * ttl
 
     def _forget(self, token: LeaseToken) -> None:
-        ids = self._held.get(token.partition)
-        if ids is not None:
-            ids.discard(token.id)
-            if not ids:
-                del self._held[token.partition]
+        for held in (self._held, self._downloading):
+            ids = held.get(token.partition)
+            if ids is not None:
+                ids.discard(token.id)
+                if not ids:
+                    del held[token.partition]
+
+    def _take_downloaded(self) -> None:
+        with self._lock:
+            done, self._downloaded = self._downloaded, []
+        downloading = self._downloading
+        for token in done:
+            ids = downloading.get(token.partition)
+            if ids is not None:
+                ids.discard(token.id)
+                if not ids:
+                    del downloading[token.partition]
 
     # -- popping ----------------------------------------------------------------------
 
     def _pop(self) -> int:
         owned = self.owned
         now = self.clock()
-        held, cap, busy_until = self._held, self.held_cap, self._busy_until
+        self._take_downloaded()
+        held, cap, busy_until = self._downloading, self.held_cap, self._busy_until
         full_scan = now >= self._next_full_scan
         if not full_scan:
             # Only partitions known to have work: with M >> nodes most owned
@@ -764,6 +790,7 @@ class FrontierWorker:
             for leased in result.leased:
                 self._nonempty.add(leased.partition)
                 held.setdefault(leased.partition, set()).add(leased.id)
+                self._held.setdefault(leased.partition, set()).add(leased.id)
                 self.inbound.append(replace(leased, leased_at=sent, epoch=chunk[leased.partition]))
             got += len(result.leased)
             if got >= self.want:

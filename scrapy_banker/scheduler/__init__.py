@@ -233,6 +233,7 @@ class BankerScheduler(BaseScheduler):
         # Ours: its slot has room now (the middleware releases it later, idempotent).
         # Foreign: marked as ended, so it stops counting while still in slot.active.
         self.release(request, "left_downloader")
+        self.store.downloaded(request)
         # The downloader wrote the slot it used into meta: if a middleware
         # changed it, that slot has room now too.
         meta = request.meta

@@ -103,8 +103,10 @@ class LocalQueue:
         return entry
 
     def pop_slots(self, slots: Iterable[str], now: float) -> Entry[Request] | None:
-        """The next request of one of ``slots`` with room (the pacer's critical hosts)."""
-        return self.frontier.pop_slots(slots, self.is_free, now)
+        """The next request of one of ``slots`` (the pacer's critical hosts), if it is
+        the turn-holding topic's; else the next request as :meth:`pop` gives it."""
+        served, entry = self.frontier.pop_slots(slots, self.is_free, now)
+        return entry if served else self.pop(now)
 
     def slot_freed(self, slot: str) -> None:
         self.frontier.slot_freed(slot)

@@ -97,6 +97,9 @@ class RequestStore(Protocol):
     def dispatched(self, request: Request) -> str:
         """The request leaves for the engine; returns the kind it was dequeued from."""
 
+    def downloaded(self, request: Request) -> None:
+        """``request`` left the downloader (its callback may still be running)."""
+
     def polled(self, request: Request | None) -> None:
         """``next_request`` is about to return ``request``."""
 
@@ -312,6 +315,9 @@ class MemoryStore:
             if len(inflight) > self._max_inflight:
                 self._max_inflight = len(inflight)
         return "disk"
+
+    def downloaded(self, request: Request) -> None:
+        pass
 
     def polled(self, request: Request | None) -> None:
         pass

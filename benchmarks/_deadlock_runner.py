@@ -45,7 +45,7 @@ from scrapy import signals
 from scrapy.core.engine import ExecutionEngine
 from scrapy.crawler import CrawlerProcess
 
-from scrapy_banker._engine import running_scheduler
+from scrapy_banker.scheduler.engine import running_scheduler
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

@@ -1,12 +1,12 @@
 """Assignment core at cluster scale: batched Hungarian speed, minimal moves, reference check.
 
 Why: the distributed scheduler re-places every logical partition whenever a
-node joins or leaves, so :func:`scrapy_banker.assignment.assign_batched` must
+node joins or leaves, so :func:`scrapy_banker.net.assignment.assign_batched` must
 place 10,000 partitions on 100 nodes well under a second, and
-:func:`~scrapy_banker.assignment.reassign` must move only what a membership
+:func:`~scrapy_banker.net.assignment.reassign` must move only what a membership
 change forces.  And the batches are only as good as the solver: the
 readable implementation of the patent's Hungarian steps
-(:func:`~scrapy_banker.assignment.hungarian_reference`) is checked against
+(:func:`~scrapy_banker.net.assignment.hungarian_reference`) is checked against
 scipy's ``linear_sum_assignment`` on thousands of random matrices, which
 also checks our reading of the patent.
 
@@ -56,7 +56,7 @@ import _common
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from scrapy_banker.assignment import (
+from scrapy_banker.net.assignment import (
     FloatArray,
     assign_batched,
     hungarian_reference,

@@ -133,7 +133,7 @@ from typing import Any
 import _common
 import numpy as np
 
-from scrapy_banker.banker import BankersState, naive_safe_sequence
+from scrapy_banker.core.banker import BankersState, naive_safe_sequence
 from scrapy_banker.testing.resolver import farm_settings
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 

@@ -25,7 +25,7 @@ in flight), and for each page finished enqueues its links (new ones, and
 known ones the worker's seen cache did not drop) and acks it.  Over a
 measurement window the benchmark reads Redis's CPU, ``EVALSHA`` calls and
 client round trips, and compares them with
-:func:`scrapy_banker.fleetmodel.predict` for the same configuration at the
+:func:`scrapy_banker.net.fleetmodel.predict` for the same configuration at the
 pages/s the fleet actually reached.
 
 Then the calibrated model predicts the 10 / 100 / 1,000-worker fleet, where
@@ -55,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis
 import redis.connection
 
-from scrapy_banker import fleetmodel
-from scrapy_banker.fleetmodel import CostTable, OpCost, WorkerConfig
+from scrapy_banker.net import fleetmodel
+from scrapy_banker.net.fleetmodel import CostTable, OpCost, WorkerConfig
 from scrapy_banker.redis.frontier import EnqueueOp, Leased, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker

@@ -6,7 +6,7 @@ as good as the prediction.  This benchmark replays GNP on a real RTT matrix
 (PlanetLab, 490 nodes, ``data/rtt/``):
 
 1. choose ``--landmarks`` landmarks (``--method``: ``validated`` -- the
-   default of :func:`scrapy_banker.gnp.select_landmarks` --, ``medoids`` or
+   default of :func:`scrapy_banker.net.gnp.select_landmarks` --, ``medoids`` or
    ``random``) using only what landmark candidates can measure: their mutual
    RTTs;
 2. fit the landmarks' coordinates from their mutual RTTs (phase 1) and every
@@ -40,7 +40,7 @@ from typing import Any
 import _common
 import numpy as np
 
-from scrapy_banker import gnp
+from scrapy_banker.net import gnp
 
 
 def evaluate(

@@ -132,9 +132,9 @@ def write_jobdir(path: Path, pending: int, as_journal: bool) -> int:
 
     from scrapy import Request, Spider
 
-    from scrapy_banker.hashing import bkdr
-    from scrapy_banker.journal import enqueue_line, header_line
-    from scrapy_banker.serialize import RequestCodec
+    from scrapy_banker.core.hashing import bkdr
+    from scrapy_banker.core.journal import enqueue_line, header_line
+    from scrapy_banker.scheduler.serialize import RequestCodec
 
     class Bench(Spider):
         name = "bench"
@@ -178,7 +178,7 @@ def measure_journal(records: int) -> float:
 
     from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.jobdir import JobDir
-    from scrapy_banker.serialize import RequestCodec
+    from scrapy_banker.scheduler.serialize import RequestCodec
 
     payload = '{"url":"http://h1.bench/a/p1","callback":"page","cb_kwargs":{"i":1}}'
     c = Classified("default", "h1.bench", "h1.bench", 12345)

@@ -197,7 +197,7 @@ STRATEGIES: tuple[str, ...] = (
 ORACLES = ("oracle", "oracle_top1")
 SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
 NODE_HEADER_MW = "scrapy_banker.testing.wan.NodeHeaderMiddleware"
-MEASURE_MW = "scrapy_banker.netaware.NetworkMeasureMiddleware"
+MEASURE_MW = "scrapy_banker.scheduler.netaware.NetworkMeasureMiddleware"
 #: This module, as the workers import it (``benchmarks/`` on their PYTHONPATH).
 TUNING = "placement.PlacementTuning"
 CONCURRENT = 16
@@ -477,8 +477,8 @@ def site_partitions(
     from scrapy import Request
     from scrapy.utils.test import get_crawler
 
-    from scrapy_banker.netaware import site_of
     from scrapy_banker.scheduler import BankerScheduler
+    from scrapy_banker.scheduler.netaware import site_of
     from scrapy_banker.settings import redis_config
     from scrapy_banker.testing.fleet import FleetSpider
 
@@ -815,7 +815,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import _common
     import numpy as np
 
-    from scrapy_banker.gnp import read_rtt_matrix
+    from scrapy_banker.net.gnp import read_rtt_matrix
     from scrapy_banker.testing.redis_server import RedisServer
     from scrapy_banker.testing.webfarm import FarmConfig, FarmModel, WebFarm
 

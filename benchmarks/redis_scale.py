@@ -20,7 +20,7 @@ What runs (the real code paths, nothing re-implemented)
       :class:`~scrapy_banker.scheduler.classifier.Classifier` (its key hash
       gives the partition, ``key_hash % BANKER_REDIS_PARTITIONS``), Scrapy's
       request fingerprinter (hex), the project's
-      :class:`~scrapy_banker.serialize.RequestCodec` JSON payload -- then
+      :class:`~scrapy_banker.scheduler.serialize.RequestCodec` JSON payload -- then
       :meth:`RedisFrontier.enqueue_many
       <scrapy_banker.redis.frontier.RedisFrontier.enqueue_many>` in batches
       of 500 (``FrontierWorker``'s ``enqueue_batch``: one pipelined round
@@ -168,7 +168,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_banker.redis.frontier import EnqueueOp, RedisFrontier
 from scrapy_banker.scheduler.classifier import Classifier
 from scrapy_banker.scheduler.downloader import DownloaderView
-from scrapy_banker.serialize import RequestCodec
+from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.settings import SETTINGS, load_config, load_redis_config
 from scrapy_banker.testing.redis_server import RedisServer
 

@@ -24,7 +24,7 @@ SCHEDULER = "scrapy_banker.scheduler.BankerScheduler"
 SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
 DOWNLOADER_MIDDLEWARES = {
     "scrapy_banker.middlewares.BankerDownloaderMiddleware": 860,
-    "scrapy_banker.netaware.NetworkMeasureMiddleware": 865,
+    "scrapy_banker.scheduler.netaware.NetworkMeasureMiddleware": 865,
 }
 #: The operator's view (metrics, progress, time series) raises a bare
 #: NotConfigured while its setting is off: listed here, it costs nothing then.

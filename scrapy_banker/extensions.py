@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
-from scrapy_banker._engine import running_scheduler
+from scrapy_banker.scheduler.engine import running_scheduler
 from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class BankerTopicAdjuster:
     Every ``BANKER_TOPIC_ADJUST_INTERVAL`` seconds it reads each topic's yield
     in the period (responses + items, from the ``banker/topic/<t>/...`` stats)
     and hands it to :meth:`TopicScheduler.adjust
-    <scrapy_banker.topics.TopicScheduler.adjust>`: a topic that met its
+    <scrapy_banker.core.topics.TopicScheduler.adjust>`: a topic that met its
     ``target`` gives up a slice step so equal-priority topics that lag get more
     turns; a topic that fell behind gets it back.
     """

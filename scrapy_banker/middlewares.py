@@ -9,9 +9,9 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
-from scrapy_banker._engine import running_scheduler
-from scrapy_banker._topic import request_topic
-from scrapy_banker.meta import META_GRANT, META_SLOT
+from scrapy_banker.core.meta import META_GRANT, META_SLOT
+from scrapy_banker.scheduler.engine import running_scheduler
+from scrapy_banker.scheduler.topic import request_topic
 from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from scrapy_banker.hashing import KEY_POLICIES
-from scrapy_banker.topics import TopicSpec
+from scrapy_banker.core.hashing import KEY_POLICIES
+from scrapy_banker.core.topics import TopicSpec
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -228,14 +228,14 @@ def one_of(*allowed: str) -> Parser[str]:
 
 
 def placement_choice(attr: Literal["MODES", "CHOICES", "COSTS"]) -> Parser[str]:
-    """Allowed values are read from :mod:`scrapy_banker.placement` when parsing.
+    """Allowed values are read from :mod:`scrapy_banker.net.placement` when parsing.
 
     Its registry of strategies is the one list of modes; importing it (and
     numpy) only when a value is checked keeps this module light to import.
     """
 
     def parse(name: str, value: Any, ctx: Context) -> str:
-        from scrapy_banker import placement
+        from scrapy_banker.net import placement
 
         allowed: tuple[str, ...] = getattr(placement, attr)
         if value not in allowed:
@@ -596,8 +596,7 @@ class RedisConfig:
                 "between two heartbeats",
             )
         if self.dedup == "bloom":
-            # Imported here: settings stay light to import (no redis-py).
-            from scrapy_banker.redis.frontier import MAX_BLOOM_BITS, bloom_geometry
+            from scrapy_banker.core.bloom import MAX_BLOOM_BITS, bloom_geometry
 
             per_partition = -(-self.dedup_capacity // self.partitions)
             bits, _ = bloom_geometry(per_partition, self.dedup_error)

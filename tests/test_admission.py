@@ -12,9 +12,9 @@ from scrapy import Request, Spider, signals
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
-from scrapy_banker.admission import Admission
 from scrapy_banker.middlewares import BankerDownloaderMiddleware
 from scrapy_banker.scheduler import BankerScheduler
+from scrapy_banker.scheduler.admission import Admission
 
 
 class Slot:

@@ -1,4 +1,4 @@
-"""Tests of the pure assignment core (``scrapy_banker.assignment``).
+"""Tests of the pure assignment core (``scrapy_banker.net.assignment``).
 
 The Hungarian reference is only worth keeping if it provably solves the same
 problem as scipy, so it is compared on thousands of random matrices -- ties,
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy.optimize import linear_sum_assignment
 
-from scrapy_banker.assignment import (
+from scrapy_banker.net.assignment import (
     FloatArray,
     IntArray,
     assign_batched,
@@ -39,7 +39,7 @@ from scrapy_banker.assignment import (
     targets,
     top_k,
 )
-from scrapy_banker.partitions import target_counts
+from scrapy_banker.net.partitions import target_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 

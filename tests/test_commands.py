@@ -28,14 +28,14 @@ import redis
 from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 
-from scrapy_banker.hashing import bkdr
-from scrapy_banker.journal import parse_enqueue
+from scrapy_banker.core.hashing import bkdr
+from scrapy_banker.core.journal import parse_enqueue
+from scrapy_banker.ops.fleet import read_fleet
+from scrapy_banker.ops.jobdir_view import jobdir_directory
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.inspect import read_fleet
 from scrapy_banker.redis.keys import Keyspace
 from scrapy_banker.redis.registry import NodeRegistry
-from scrapy_banker.scheduler.inspect import jobdir_directory
-from scrapy_banker.serialize import RequestCodec
+from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import redis
 
-from scrapy_banker.dashboard.history import RateHistory
+from scrapy_banker.ops.dashboard.history import RateHistory
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer, free_port

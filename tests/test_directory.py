@@ -17,8 +17,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from scrapy_banker.directory import ExtendibleDirectory
-from scrapy_banker.hashing import bkdr
+from scrapy_banker.core.directory import ExtendibleDirectory
+from scrapy_banker.core.hashing import bkdr
 
 # -- model-based stateful test -------------------------------------------------------------
 

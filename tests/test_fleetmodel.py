@@ -1,4 +1,4 @@
-"""The fleet-size model (scrapy_banker.fleetmodel) and its benchmark's smoke run.
+"""The fleet-size model (scrapy_banker.net.fleetmodel) and its benchmark's smoke run.
 
 The model is arithmetic over a worker's code paths; these tests pin the
 relations an operator relies on when reading its tables -- what scales with
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_banker import fleetmodel
-from scrapy_banker.fleetmodel import (
+from scrapy_banker.net import fleetmodel
+from scrapy_banker.net.fleetmodel import (
     CATEGORIES,
     DEFAULT_COSTS,
     KINDS,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from scrapy_banker.directory import ExtendibleDirectory
-from scrapy_banker.frontier import Frontier
-from scrapy_banker.topics import TopicScheduler, TopicSpec
+from scrapy_banker.core.directory import ExtendibleDirectory
+from scrapy_banker.core.frontier import Frontier
+from scrapy_banker.core.topics import TopicScheduler, TopicSpec
 
 
 def _frontier() -> Frontier[str]:

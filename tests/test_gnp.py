@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scrapy_banker import gnp
+from scrapy_banker.net import gnp
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANETLAB = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scrapy_banker.hashing import (
+from scrapy_banker.core.hashing import (
     bkdr,
     host_of,
     key_policy,

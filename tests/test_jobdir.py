@@ -1,6 +1,6 @@
 """Crash-safe JOBDIR: the journal's replay rule, resume after a simulated and a real ``kill -9``.
 
-The pure record format and replay (``scrapy_banker.journal``) are tested on
+The pure record format and replay (``scrapy_banker.core.journal``) are tested on
 lines; the scheduler's use of them in process (crash = the object is dropped
 without ``close``); then real ``scrapy crawl farm`` runs of example_project
 killed with SIGKILL at two moments and resumed to completion, counted by the
@@ -27,7 +27,7 @@ import scrapy
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_banker.journal import (
+from scrapy_banker.core.journal import (
     JournalState,
     UnsupportedSnapshot,
     done_line,
@@ -37,10 +37,10 @@ from scrapy_banker.journal import (
     parse_enqueue,
     seen_lines,
 )
+from scrapy_banker.ops.jobdir_view import find_in_jobdir, read_jobdir
 from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler import jobdir as jobdir_module
-from scrapy_banker.scheduler.inspect import find_in_jobdir, read_jobdir
-from scrapy_banker.serialize import RequestCodec
+from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 SCRAPY_VERSION = tuple(int(x) for x in scrapy.__version__.split(".")[:2])

@@ -1,6 +1,6 @@
 """A single node's dead letters: ``scrapy banker deadletters --jobdir`` and the JOBDIR lock.
 
-The pure part (:mod:`scrapy_banker.scheduler.deadletters`: reading letters,
+The pure part (:mod:`scrapy_banker.ops.jobdir_deadletters`: reading letters,
 choosing, building the new ``E`` records) is tested on lines; requeue and
 the lock against JOBDIRs written by real schedulers in process (a resume
 dead-letters an entry whose callback the spider lacks, a requeue puts it
@@ -34,14 +34,14 @@ from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.test import get_crawler
 
-from scrapy_banker.commands import CommandError
-from scrapy_banker.commands import deadletters as command
-from scrapy_banker.hashing import bkdr
-from scrapy_banker.journal import enqueue_line, parse_enqueue
+from scrapy_banker.core.hashing import bkdr
+from scrapy_banker.core.journal import enqueue_line, parse_enqueue
+from scrapy_banker.ops import jobdir_deadletters as dl
+from scrapy_banker.ops.commands import CommandError
+from scrapy_banker.ops.commands import deadletters as command
 from scrapy_banker.scheduler import BankerScheduler
-from scrapy_banker.scheduler import deadletters as dl
 from scrapy_banker.scheduler.jobdir import JobdirLock, JobdirLocked, replay
-from scrapy_banker.serialize import RequestCodec
+from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 CODEC = RequestCodec()

@@ -1,13 +1,17 @@
-"""The pure cores stay pure, and every request.meta key is declared in one place.
+"""The layers stay layers, the pure cores stay pure, every request.meta key is declared.
 
-The cores (hashing, the directory, the frontier, the Banker's state, GNP,
-placement...) are the parts worth reusing and benchmarking on their own; they
-stay importable and testable without Scrapy's start-up cost or a reactor only
-as long as nothing drags Scrapy, Twisted or Redis in -- directly, or through
-another scrapy_banker module.  Each core is imported in a fresh interpreter,
-which catches transitive imports, and its source is scanned for import
-statements anywhere (a lazy import inside a function, a ``TYPE_CHECKING``
-block), which the runtime check cannot see.
+The package's folders are its layers (``docs/architecture.rst``), from the
+bottom: ``core/`` and ``net/`` (pure algorithms), ``settings``,
+``scheduler/`` (the Scrapy adapter), ``redis/`` (the fleet), ``ops/``
+(commands, dashboard, metrics, read models); the public Scrapy-facing
+modules at the root (add-on, middlewares, extensions) and ``testing/`` sit
+on top.  A module imports only from its own layer and the ones below.
+
+The pure folders are checked twice: each module is imported in a fresh
+interpreter (which catches transitive imports), and its source is scanned
+for import statements anywhere (a lazy import inside a function, a
+``TYPE_CHECKING`` block), which the runtime check cannot see.  The lists
+come from the folders, so a new core is checked the day it is added.
 """
 
 from __future__ import annotations
@@ -22,28 +26,30 @@ from pathlib import Path
 import pytest
 
 import scrapy_banker
-from scrapy_banker import meta
+from scrapy_banker.core import meta
 
 PACKAGE = Path(scrapy_banker.__file__).parent
 DOCS = PACKAGE.parent / "docs"
 FORBIDDEN = ("scrapy", "twisted", "redis")
+PURE = ("core", "net")
 
-CORES = (
-    "hashing",
-    "directory",
-    "topics",
-    "frontier",
-    "banker",
-    "gnp",
-    "netstats",
-    "assignment",
-    "partitions",
-    "placement",
-    "meta",
-    "telemetry",
-    "fleetmodel",
-    "journal",
-)
+#: Layer of each top-level name of the package, bottom first; a module may
+#: import its own layer and those with a lower rank.
+LAYERS = {
+    "core": 0, "net": 1, "settings": 2, "scheduler": 3, "redis": 4, "ops": 5,
+    "addon": 6, "middlewares": 6, "extensions": 6, "testing": 7,
+}  # fmt: skip
+
+
+def _modules(folder: str) -> list[str]:
+    return sorted(
+        "scrapy_banker." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
+        for p in (PACKAGE / folder).rglob("*.py")
+        if p.name != "__init__.py"
+    )
+
+
+CORES = [m for folder in PURE for m in _modules(folder)]
 
 _PROBE = """
 import importlib, json, sys
@@ -62,33 +68,74 @@ def forbidden_loaded(module: str, cwd: Path | None = None) -> list[str]:
     return loaded
 
 
-def forbidden_imports(path: Path) -> list[str]:
-    """``file:line module`` of every import statement of a forbidden package."""
-    found = []
+def _imports(path: Path) -> list[tuple[int, str]]:
+    out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] in FORBIDDEN]
-    return found
+            out.append((node.lineno, node.module))
+            if node.module == "scrapy_banker":
+                out += [(node.lineno, f"scrapy_banker.{a.name}") for a in node.names]
+    return out
+
+
+def forbidden_imports(path: Path) -> list[str]:
+    """``file:line module`` of every import statement of a forbidden package."""
+    return [
+        f"{path.name}:{line} {name}"
+        for line, name in _imports(path)
+        if name.split(".")[0] in FORBIDDEN
+    ]
+
+
+def test_the_pure_folders_hold_the_cores() -> None:
+    assert "scrapy_banker.core.frontier" in CORES and "scrapy_banker.net.gnp" in CORES
+    assert len(CORES) >= 15
 
 
 @pytest.mark.parametrize("core", CORES)
 def test_core_imports_nothing_from_scrapy_twisted_or_redis(core: str) -> None:
-    assert forbidden_loaded(f"scrapy_banker.{core}") == []
-    assert forbidden_imports(PACKAGE / f"{core}.py") == []
+    assert forbidden_loaded(core) == []
+    path = PACKAGE.joinpath(*core.split(".")[1:]).with_suffix(".py")
+    assert forbidden_imports(path) == []
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != "scrapy_banker" or len(parts) < 2:
+        return None
+    return LAYERS.get(parts[1])
+
+
+def test_every_module_imports_only_its_layer_and_below() -> None:
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        own = LAYERS.get(rel.parts[0].removesuffix(".py"))
+        if own is None:  # the package's __init__ (the add-on's export)
+            continue
+        for line, name in _imports(path):
+            layer = _layer(name)
+            if layer is not None and layer > own:
+                wrong.append(f"{rel}:{line} imports {name}")
+    assert wrong == []
+
+
+def test_every_folder_and_root_module_has_a_layer() -> None:
+    names = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}  # fmt: skip
+    assert names - {"__init__"} == set(LAYERS)
 
 
 def test_detectors_flag_a_module_that_imports_scrapy(tmp_path: Path) -> None:
     # Without this, a probe that silently saw nothing would pass every core.
-    assert "scrapy" in forbidden_loaded("scrapy_banker.serialize")
-    assert any(f.endswith(" scrapy.http") for f in forbidden_imports(PACKAGE / "serialize.py"))
+    assert "scrapy" in forbidden_loaded("scrapy_banker.scheduler.serialize")
+    serialize = PACKAGE / "scheduler" / "serialize.py"
+    assert any(f.endswith(" scrapy.http") for f in forbidden_imports(serialize))
     # A module that reaches Scrapy only through another scrapy_banker module:
     # its own imports look clean, the fresh interpreter still sees Scrapy.
-    (tmp_path / "innocent.py").write_text("from scrapy_banker import serialize\n")
+    (tmp_path / "innocent.py").write_text("from scrapy_banker.scheduler import serialize\n")
     assert forbidden_imports(tmp_path / "innocent.py") == []
     assert "scrapy" in forbidden_loaded("innocent", cwd=tmp_path)
 
@@ -130,7 +177,7 @@ def test_every_banker_meta_key_is_declared_in_the_meta_module() -> None:
         if k not in meta.ALL_KEYS and k not in NOT_REQUEST_META
     }
     assert undeclared == {}, (
-        "declare these in scrapy_banker/meta.py and docs/reference/meta.rst "
+        "declare these in scrapy_banker/core/meta.py and docs/reference/meta.rst "
         "(or, if they are not request.meta keys, in NOT_REQUEST_META here)"
     )
 
@@ -157,7 +204,8 @@ def test_starting_a_worker_does_not_import_scipy() -> None:
     code = (
         "import sys\n"
         "import scrapy_banker.redis.scheduler, scrapy_banker.addon\n"
-        "from scrapy_banker import placement, settings\n"
+        "from scrapy_banker import settings\n"
+        "from scrapy_banker.net import placement\n"
         "assert 'hash' in placement.MODES\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))\n"
     )
@@ -166,7 +214,7 @@ def test_starting_a_worker_does_not_import_scipy() -> None:
     ).stdout
     assert out.strip().splitlines()[-1] == "[]"
     # ... and a plan still finds its solver.
-    from scrapy_banker import assignment
+    from scrapy_banker.net import assignment
 
     rows, cols = assignment.solve([[2.0, 1.0], [1.0, 3.0]])
     assert list(cols[rows.argsort()]) == [1, 0]

@@ -14,14 +14,14 @@ from scrapy.utils.test import get_crawler
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from scrapy_banker.netaware import (
+from scrapy_banker.net.netstats import LinkStats
+from scrapy_banker.scheduler.netaware import (
     PROBE_META,
     NetworkMeasureMiddleware,
     Prober,
     link_stats,
     site_of,
 )
-from scrapy_banker.netstats import LinkStats
 from scrapy_banker.settings import load_placement_config
 
 PLACED: dict[str, Any] = {"BANKER_PLACEMENT": "top1"}

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scrapy_banker.netstats import (
+from scrapy_banker.net.netstats import (
     FENCE_MADS,
     LinkStats,
     RateLimiter,

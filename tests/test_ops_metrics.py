@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
+from scrapy_banker.core.telemetry import Sample, SlotSample, TopicSample, sample_from_dict
 from scrapy_banker.ops.metrics import BankerMetrics, Snapshot, families
 from scrapy_banker.redis.keys import Keyspace
-from scrapy_banker.telemetry import Sample, SlotSample, TopicSample, sample_from_dict
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
@@ -50,7 +50,7 @@ from pathlib import Path
 from scrapy import signals
 from scrapy.crawler import CrawlerProcess
 from scrapy.exceptions import DontCloseSpider
-from scrapy_banker._engine import looping_call, wake_engine
+from scrapy_banker.scheduler.engine import looping_call, wake_engine
 from scrapy_banker.testing.fleet import FleetSpider
 from scrapy_banker.testing.resolver import farm_settings
 

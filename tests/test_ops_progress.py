@@ -17,8 +17,8 @@ from rich.console import Console
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
+from scrapy_banker.core.telemetry import BankerSample, FleetSample, Sample, TopicSample
 from scrapy_banker.ops.progress import BankerProgress, progress_view
-from scrapy_banker.telemetry import BankerSample, FleetSample, Sample, TopicSample
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 TOPICS = ("news", "archive", "products")

@@ -13,8 +13,8 @@ import pytest
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
+from scrapy_banker.core.telemetry import PlacementSample, Sample, iter_samples
 from scrapy_banker.ops.timeseries import BankerTimeseries
-from scrapy_banker.telemetry import PlacementSample, Sample, iter_samples
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scrapy_banker.pacing import Pacer, PacerConfig
+from scrapy_banker.core.pacing import Pacer, PacerConfig
 
 
 def _warm(pacer: Pacer, cpu_per_response: float, slot: str = "x", latency: float = 0.1) -> float:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapy_banker.hashing import bkdr
-from scrapy_banker.partitions import PartitionTable, target_counts
+from scrapy_banker.core.hashing import bkdr
+from scrapy_banker.net.partitions import PartitionTable, target_counts
 
 
 def test_targets_are_proportional_and_sum_up() -> None:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import redis
 
-from scrapy_banker import gnp, placement
-from scrapy_banker.partitions import PartitionTable
-from scrapy_banker.placement import (
+from scrapy_banker.net import gnp, placement
+from scrapy_banker.net.partitions import PartitionTable
+from scrapy_banker.net.placement import (
     MODES,
     STRATEGIES,
     Hash,

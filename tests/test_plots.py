@@ -19,9 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_banker.commands import CommandError
-from scrapy_banker.ops.plots import CHARTS, _Timeline, plot_samples, read_samples
-from scrapy_banker.telemetry import (
+from scrapy_banker.core.telemetry import (
     BankerSample,
     PlacementSample,
     Sample,
@@ -29,6 +27,8 @@ from scrapy_banker.telemetry import (
     TopicSample,
     dump_sample,
 )
+from scrapy_banker.ops.commands import CommandError
+from scrapy_banker.ops.plots import CHARTS, _Timeline, plot_samples, read_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -272,7 +272,7 @@ def test_plot_run_reads_the_configured_file_and_refuses_bad_input(tmp_path: Path
     """The subcommand's ``run`` directly: the project's file by default, and its errors."""
     from scrapy.settings import Settings
 
-    from scrapy_banker.commands import plot
+    from scrapy_banker.ops.commands import plot
 
     record = _write(tmp_path / "ts.jsonl", build_samples(seconds=5))
     out = tmp_path / "out"
@@ -292,7 +292,7 @@ def test_plot_run_reads_the_configured_file_and_refuses_bad_input(tmp_path: Path
 
 def test_plots_module_does_not_import_matplotlib_until_it_draws() -> None:
     code = (
-        "import sys, scrapy_banker.ops.plots, scrapy_banker.commands.plot;"
+        "import sys, scrapy_banker.ops.plots, scrapy_banker.ops.commands.plot;"
         "print('matplotlib' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -22,16 +22,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import (
-    EnqueueOp,
-    RedisFrontier,
+from scrapy_banker.core.bloom import (
     bloom_geometry,
     bloom_layers,
     bloom_positions,
     bloom_shard,
     bloom_shard_count,
-    in_bloom,
 )
+from scrapy_banker.redis.frontier import EnqueueOp, RedisFrontier, in_bloom
 from scrapy_banker.settings import load_redis_config
 from scrapy_banker.testing.redis_server import RedisServer, find_redisbloom_module
 

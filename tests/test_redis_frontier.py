@@ -145,7 +145,7 @@ def test_a_malicious_pickle_in_the_queue_is_never_executed(
 
     from scrapy import Spider
 
-    from scrapy_banker.serialize import MalformedPayload, RequestCodec
+    from scrapy_banker.scheduler.serialize import MalformedPayload, RequestCodec
 
     marker = Path(str(tmp_path)) / "pwned"
 

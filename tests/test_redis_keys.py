@@ -6,7 +6,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from scrapy_banker.netstats import LinkStats
+from scrapy_banker.net.netstats import LinkStats
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.keys import Keyspace, PartitionKeys, decode
 from scrapy_banker.redis.registry import NodeRegistry

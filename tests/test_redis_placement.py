@@ -12,8 +12,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scrapy_banker.netstats import LinkStats
-from scrapy_banker.partitions import Move
+from scrapy_banker.net.netstats import LinkStats
+from scrapy_banker.net.partitions import Move
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.placement import PlacementAgent
 from scrapy_banker.redis.registry import NodeRegistry

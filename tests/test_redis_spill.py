@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from scrapy_banker.core.spill import SpilledEnqueue, SpilledLease, SpillOps
 from scrapy_banker.redis.connection import redacted_url
 from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
 from scrapy_banker.settings import load_redis_config
-from scrapy_banker.spill import SpilledEnqueue, SpilledLease, SpillOps
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer, free_port
 from scrapy_banker.testing.webfarm import FarmConfig, WebFarm

@@ -12,7 +12,7 @@ import pytest
 from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
 
-from scrapy_banker.serialize import MalformedPayload, RequestCodec, UnserializableRequest
+from scrapy_banker.scheduler.serialize import MalformedPayload, RequestCodec, UnserializableRequest
 
 
 class MySpider(Spider):

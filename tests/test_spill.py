@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_banker.spill import (
+from scrapy_banker.core.spill import (
     SPILL_VERSION,
     SpillDir,
     SpilledEnqueue,

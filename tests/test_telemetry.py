@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scrapy_banker.telemetry import (
+from scrapy_banker.core.telemetry import (
     BankerSample,
     FleetSample,
     PlacementSample,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapy_banker.topics import TopicScheduler, TopicSpec
+from scrapy_banker.core.topics import TopicScheduler, TopicSpec
 
 
 def _run(

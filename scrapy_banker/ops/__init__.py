@@ -3,7 +3,7 @@
 Extensions (enabled by the add-on, each off until its setting is set):
 
 * :class:`scrapy_banker.ops.timeseries.BankerTimeseries` -- one
-  :class:`~scrapy_banker.telemetry.Sample` per interval, appended to
+  :class:`~scrapy_banker.core.telemetry.Sample` per interval, appended to
   ``BANKER_TIMESERIES_FILE``;
 * :class:`scrapy_banker.ops.metrics.BankerMetrics` -- ``/metrics`` in the
   Prometheus text format on ``BANKER_METRICS_PORT``;

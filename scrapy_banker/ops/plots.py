@@ -4,7 +4,7 @@ The final stats say how a crawl ended; these charts say how it went: which
 topic was served when (the PQ-MCSA paper's Fig. 4 view), how many downloads
 were in flight and whether the busiest hosts sat at their limit (the BKDR
 paper's Figs. 4-6 view), what the Banker's algorithm held back, and where the
-GNP map put each site.  They read nothing but :class:`~scrapy_banker.telemetry.Sample`
+GNP map put each site.  They read nothing but :class:`~scrapy_banker.core.telemetry.Sample`
 records, so they can be drawn after the fact, on another machine, from the
 files of several fleet nodes at once (merged by ``node``).
 
@@ -13,7 +13,7 @@ when a chart is drawn, with the non-interactive Agg backend, so neither a
 crawl nor any other command pays for it or needs a display.
 
 No Scrapy, Twisted or Redis here: the command in
-:mod:`scrapy_banker.commands.plot` turns :class:`PlotError` into its one-line
+:mod:`scrapy_banker.ops.commands.plot` turns :class:`PlotError` into its one-line
 error.
 """
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scrapy_banker.telemetry import Sample, iter_samples
+from scrapy_banker.core.telemetry import Sample, iter_samples
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
+    from scrapy_banker.core.telemetry import Sample
     from scrapy_banker.settings import OpsConfig
-    from scrapy_banker.telemetry import Sample
 
 logger = logging.getLogger(__name__)
 

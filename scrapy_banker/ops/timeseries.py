@@ -3,7 +3,7 @@
 With :setting:`BANKER_TIMESERIES_FILE` set, every
 :setting:`BANKER_TIMESERIES_INTERVAL` seconds the scheduler's
 :meth:`~scrapy_banker.scheduler.BankerScheduler.sample` is appended to the
-file as one JSON line (:func:`~scrapy_banker.telemetry.dump_sample`), plus a
+file as one JSON line (:func:`~scrapy_banker.core.telemetry.dump_sample`), plus a
 last one when the spider closes, so the record ends on the final counts.
 ``scrapy banker plot`` draws it.
 
@@ -23,17 +23,17 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 
-from scrapy_banker._engine import looping_call, running_scheduler
+from scrapy_banker.core.telemetry import dump_sample
+from scrapy_banker.scheduler.engine import looping_call, running_scheduler
 from scrapy_banker.settings import core_config, ops_config
-from scrapy_banker.telemetry import dump_sample
 
 if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
+    from scrapy_banker.core.telemetry import PlacementSample, Sample
     from scrapy_banker.settings import OpsConfig
-    from scrapy_banker.telemetry import PlacementSample, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class SamplingExtension:
 
 
 class BankerTimeseries(SamplingExtension):
-    """Appends one :class:`~scrapy_banker.telemetry.Sample` per interval to a JSON-lines file.
+    """Appends one :class:`~scrapy_banker.core.telemetry.Sample` per interval to a JSON-lines file.
 
     A sample's placement map (every site's GNP coordinates) only changes
     when a plan does, every ``BANKER_PLACEMENT_INTERVAL`` seconds: it is

@@ -160,7 +160,7 @@ class Keyspace:
         return f"{self.prefix}:ready:{node}"
 
     def telemetry(self, node: str) -> str:
-        """The node's latest :class:`~scrapy_banker.telemetry.Sample` as JSON (expires).
+        """The node's latest :class:`~scrapy_banker.core.telemetry.Sample` as JSON (expires).
 
         Written by the node itself, read by ``scrapy banker status`` and the
         dashboard; it expires a few intervals after the node stops writing,

@@ -16,7 +16,7 @@ per heartbeat, so the reactor never waits on Redis:
   the registry's rebalance lock) reads what the fleet measured and each
   site partition's backlog (published as ``{prefix}:net:backlog``, so that
   every prober measures the largest sites first), runs the
-  :mod:`scrapy_banker.placement` strategy ``BANKER_PLACEMENT`` names and
+  :mod:`scrapy_banker.net.placement` strategy ``BANKER_PLACEMENT`` names and
   moves the partitions whose owner changed -- with new epochs, so the
   hand-over is fenced exactly like a rebalance.
 """
@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.netstats import LinkStats, storage_bandwidth
-from scrapy_banker.partitions import Move, PartitionTable
-from scrapy_banker.placement import Observations, PlacementProblem, PlacementResult, strategy
+from scrapy_banker.core.telemetry import PlacementSample
+from scrapy_banker.net.netstats import LinkStats, storage_bandwidth
+from scrapy_banker.net.partitions import Move, PartitionTable
+from scrapy_banker.net.placement import Observations, PlacementProblem, PlacementResult, strategy
 from scrapy_banker.redis.keys import Keyspace, decode
-from scrapy_banker.telemetry import PlacementSample
 
 if TYPE_CHECKING:
     import redis

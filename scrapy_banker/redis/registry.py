@@ -3,7 +3,7 @@
 Each worker registers itself (id, capacity) and renews a heartbeat; a worker
 whose heartbeat is older than the timeout is dead.  Any worker may rebalance
 -- single-flight, under a short Redis lock -- with
-:meth:`PartitionTable.rebalance <scrapy_banker.partitions.PartitionTable.rebalance>`,
+:meth:`PartitionTable.rebalance <scrapy_banker.net.partitions.PartitionTable.rebalance>`,
 which moves the fewest partitions.  The table (owners + epochs) is stored as
 JSON; each partition's ``owner`` key, ``node@epoch``, is what the Lua pop
 checks, so a worker that lost a partition is fenced off at once even before it
@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from scrapy_banker.partitions import Move, PartitionTable
+from scrapy_banker.net.partitions import Move, PartitionTable
 from scrapy_banker.redis.keys import decode
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ class NodeRegistry:
 
         ``work`` (requests queued or leased per partition) chooses which
         partitions move, see
-        :meth:`PartitionTable.rebalance <scrapy_banker.partitions.PartitionTable.rebalance>`.
+        :meth:`PartitionTable.rebalance <scrapy_banker.net.partitions.PartitionTable.rebalance>`.
         """
         moves = self.update(node, lambda table, live: table.rebalance(live, work=work), lock_ttl_ms)
         if moves:
@@ -170,7 +170,7 @@ class NodeRegistry:
     ) -> list[Move] | None:
         """Take partitions whose work waits for a saturated node; None if the lock is busy.
 
-        See :meth:`PartitionTable.steal <scrapy_banker.partitions.PartitionTable.steal>`;
+        See :meth:`PartitionTable.steal <scrapy_banker.net.partitions.PartitionTable.steal>`;
         the counts come from :meth:`RedisFrontier.census
         <scrapy_banker.redis.frontier.RedisFrontier.census>`.
         """

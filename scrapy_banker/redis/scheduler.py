@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from scrapy_banker.meta import META_LEASE
+from scrapy_banker.core.meta import META_LEASE
 from scrapy_banker.redis.store import RedisLeaseStore
 from scrapy_banker.scheduler import BankerScheduler
 

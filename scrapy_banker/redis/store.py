@@ -17,7 +17,7 @@ politeness and admission work exactly as in one process.
 At start the store waits for Redis (``BANKER_REDIS_CONNECT_TIMEOUT``) and
 fails the crawl with the address it tried if Redis never answers; at stop,
 queue operations Redis never received are written to a spill file
-(:mod:`scrapy_banker.spill`) that the next worker with the same spill
+(:mod:`scrapy_banker.core.spill`) that the next worker with the same spill
 directory replays before anything else.
 """
 
@@ -37,9 +37,9 @@ from scrapy.utils.project import data_path
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
-from scrapy_banker._engine import looping_call, requests_in_progress, wake_engine
-from scrapy_banker.meta import META_LEASE, META_SLOT
-from scrapy_banker.netaware import Prober, link_stats, site_of
+from scrapy_banker.core.meta import META_LEASE, META_SLOT
+from scrapy_banker.core.spill import ClaimedSpill, SpillDir, SpillHeader, SpillOps, merge
+from scrapy_banker.core.telemetry import FleetSample, sample_json
 from scrapy_banker.redis.connection import (
     RedisUnreachable,
     redacted_url,
@@ -51,11 +51,11 @@ from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
 from scrapy_banker.scheduler.classifier import UnparsableURL
+from scrapy_banker.scheduler.engine import looping_call, requests_in_progress, wake_engine
+from scrapy_banker.scheduler.netaware import Prober, link_stats, site_of
 from scrapy_banker.scheduler.sampler import take_sample
-from scrapy_banker.serialize import MalformedPayload, UnserializableRequest
+from scrapy_banker.scheduler.serialize import MalformedPayload, UnserializableRequest
 from scrapy_banker.settings import ops_config, placement_config, redis_config
-from scrapy_banker.spill import ClaimedSpill, SpillDir, SpillHeader, SpillOps, merge
-from scrapy_banker.telemetry import FleetSample, sample_json
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -68,12 +68,12 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
-    from scrapy_banker.frontier import Entry
+    from scrapy_banker.core.frontier import Entry
+    from scrapy_banker.core.telemetry import PlacementSample
     from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.store import SchedulerParts
     from scrapy_banker.settings import RedisConfig
-    from scrapy_banker.telemetry import PlacementSample
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ this thread does all the I/O, batched:
 * when Redis is unreachable it keeps everything queued in memory and retries
   with jittered exponential backoff (on top of redis-py's own ``Retry``);
   when it is idle it polls less and less often, up to a cap;
-* operations a previous worker spilled to disk (:mod:`scrapy_banker.spill`)
+* operations a previous worker spilled to disk (:mod:`scrapy_banker.core.spill`)
   are replayed before anything else (:meth:`FrontierWorker.replay`), and what
   is still unsent when it stops is handed out for spilling
   (:meth:`FrontierWorker.take_unsent`).
@@ -54,13 +54,13 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from scrapy_banker.core.spill import SpilledEnqueue, SpilledLease, SpillOps, merge
 from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken
-from scrapy_banker.spill import SpilledEnqueue, SpilledLease, SpillOps, merge
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from scrapy_banker.partitions import Move, PartitionTable
+    from scrapy_banker.net.partitions import Move, PartitionTable
     from scrapy_banker.redis.frontier import Census, Leased, RedisFrontier
     from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.redis.registry import NodeRegistry
@@ -312,7 +312,7 @@ class FrontierWorker:
 
         What is left of a replayed spill comes first, then this run's own
         operations, each kind in the order it was queued, without the repeats
-        a replay would drop (:func:`~scrapy_banker.spill.merge`).
+        a replay would drop (:func:`~scrapy_banker.core.spill.merge`).
         """
         with self._lock:
             own = SpillOps(

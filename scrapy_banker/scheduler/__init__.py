@@ -25,17 +25,17 @@ from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler, Scheduler
 from scrapy.utils.misc import build_from_crawler
 
-from scrapy_banker._engine import scraper_backlog
-from scrapy_banker.meta import META_GRANT, META_SLOT, existing_meta
-from scrapy_banker.pacing import Pacer, PacerConfig
+from scrapy_banker.core.meta import META_GRANT, META_SLOT, existing_meta
+from scrapy_banker.core.pacing import Pacer, PacerConfig
 from scrapy_banker.scheduler.classifier import Classifier, UnparsableURL
 from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
+from scrapy_banker.scheduler.engine import scraper_backlog
 from scrapy_banker.scheduler.gate import AdmissionGate
 from scrapy_banker.scheduler.queue import LocalQueue
 from scrapy_banker.scheduler.sampler import take_sample
+from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.scheduler.store import MemoryStore, RequestStore, SchedulerParts
-from scrapy_banker.serialize import RequestCodec
 from scrapy_banker.settings import core_config, ops_config
 
 if TYPE_CHECKING:
@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.internet.defer import Deferred
 
-    from scrapy_banker.admission import Admission
-    from scrapy_banker.directory import ExtendibleDirectory
-    from scrapy_banker.frontier import Entry
-    from scrapy_banker.telemetry import Sample
+    from scrapy_banker.core.directory import ExtendibleDirectory
+    from scrapy_banker.core.frontier import Entry
+    from scrapy_banker.core.telemetry import Sample
+    from scrapy_banker.scheduler.admission import Admission
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class BankerScheduler(BaseScheduler):
         self.counters = SchedulerCounters(parts.stats)
         self.clock = time.monotonic
         self.spider: Spider | None = None
-        #: Long-pole pacing (:mod:`scrapy_banker.pacing`), None with BANKER_PACING off.
+        #: Long-pole pacing (:mod:`scrapy_banker.core.pacing`), None with BANKER_PACING off.
         self.pacer = (
             Pacer(PacerConfig(backlog=parts.config.pacing_backlog))
             if parts.config.pacing

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from scrapy_banker._topic import request_topic
-from scrapy_banker.hashing import bkdr, key_policy, murmur
+from scrapy_banker.core.hashing import bkdr, key_policy, murmur
+from scrapy_banker.scheduler.topic import request_topic
 
 if TYPE_CHECKING:
     from scrapy import Request

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.core.downloader import Downloader
 
-from scrapy_banker.hashing import host_of
-from scrapy_banker.meta import META_SLOT
+from scrapy_banker.core.hashing import host_of
+from scrapy_banker.core.meta import META_SLOT
 
 if TYPE_CHECKING:
     from scrapy import Request

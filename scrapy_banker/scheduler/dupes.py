@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from scrapy.dupefilters import RFPDupeFilter
 from scrapy.utils.request import RequestFingerprinter
 
-from scrapy_banker.meta import existing_meta
+from scrapy_banker.core.meta import existing_meta
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

@@ -4,7 +4,7 @@ A popped request that declares resources (``banker_need`` / ``banker_task``)
 leaves only with a grant that keeps the state safe; otherwise it is *parked*
 here -- not polled -- and goes back to the local queue when something is
 released.  Everything that decides safety lives in
-:class:`~scrapy_banker.admission.Admission`; this part only moves requests
+:class:`~scrapy_banker.scheduler.admission.Admission`; this part only moves requests
 between "parked" and "queued" and says so when the crawl stalls.
 """
 
@@ -14,13 +14,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from scrapy_banker.admission import Admission, InvalidClaim
+from scrapy_banker.scheduler.admission import Admission, InvalidClaim
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_banker.frontier import Entry
+    from scrapy_banker.core.frontier import Entry
     from scrapy_banker.settings import BankerConfig
 
 logger = logging.getLogger(__name__)

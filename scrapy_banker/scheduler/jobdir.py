@@ -6,7 +6,7 @@ whose requests were never written -- they were neither fetched nor ever
 queued again.  Now every request is written when it is queued, and every
 completion when its callback's output has been scheduled, so whatever
 moment the process dies at, a resume rebuilds the queue and the seen set
-from the same records (see :mod:`scrapy_banker.journal` for the records and
+from the same records (see :mod:`scrapy_banker.core.journal` for the records and
 the replay rule).
 
 Files under ``JOBDIR/banker/``:
@@ -57,8 +57,8 @@ import shutil
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
-from scrapy_banker.directory import ExtendibleDirectory
-from scrapy_banker.journal import (
+from scrapy_banker.core.directory import ExtendibleDirectory
+from scrapy_banker.core.journal import (
     Enqueued,
     JournalState,
     done_line,
@@ -69,7 +69,7 @@ from scrapy_banker.journal import (
     seen_lines,
 )
 from scrapy_banker.scheduler.classifier import Classified
-from scrapy_banker.serialize import MalformedPayload
+from scrapy_banker.scheduler.serialize import MalformedPayload
 
 try:
     import fcntl
@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_banker.scheduler.queue import LocalQueue
-    from scrapy_banker.serialize import RequestCodec
+    from scrapy_banker.scheduler.serialize import RequestCodec
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from scrapy_banker.directory import ExtendibleDirectory
-from scrapy_banker.frontier import Entry, Frontier
-from scrapy_banker.topics import TopicScheduler
+from scrapy_banker.core.directory import ExtendibleDirectory
+from scrapy_banker.core.frontier import Entry, Frontier
+from scrapy_banker.core.topics import TopicScheduler
 
 if TYPE_CHECKING:
     from scrapy import Request

@@ -1,4 +1,4 @@
-"""One :class:`~scrapy_banker.telemetry.Sample` of a running scheduler, from its parts.
+"""One :class:`~scrapy_banker.core.telemetry.Sample` of a running scheduler, from its parts.
 
 The time-series record, the Prometheus metrics, the terminal progress and a
 fleet node's Redis telemetry all call :func:`take_sample`, on the reactor
@@ -30,8 +30,8 @@ import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.meta import META_TOPIC
-from scrapy_banker.telemetry import (
+from scrapy_banker.core.meta import META_TOPIC
+from scrapy_banker.core.telemetry import (
     BankerSample,
     FleetSample,
     PlacementSample,

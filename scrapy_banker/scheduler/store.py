@@ -27,11 +27,11 @@ from scrapy.dupefilters import RFPDupeFilter
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_banker._engine import requests_in_progress
-from scrapy_banker.meta import META_SLOT
+from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.scheduler.dupes import SeenURLs
+from scrapy_banker.scheduler.engine import requests_in_progress
 from scrapy_banker.scheduler.jobdir import JobDir
-from scrapy_banker.serialize import UnserializableRequest
+from scrapy_banker.scheduler.serialize import UnserializableRequest
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,12 +43,12 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
-    from scrapy_banker.frontier import Entry
+    from scrapy_banker.core.frontier import Entry
     from scrapy_banker.scheduler.classifier import Classified, Classifier
     from scrapy_banker.scheduler.downloader import DownloaderView
     from scrapy_banker.scheduler.gate import AdmissionGate
     from scrapy_banker.scheduler.queue import LocalQueue
-    from scrapy_banker.serialize import RequestCodec
+    from scrapy_banker.scheduler.serialize import RequestCodec
     from scrapy_banker.settings import BankerConfig
 
 logger = logging.getLogger(__name__)

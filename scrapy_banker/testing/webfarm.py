@@ -54,7 +54,7 @@ import numpy.typing as npt
 from twisted.internet import protocol
 from twisted.python.failure import Failure
 
-from scrapy_banker.gnp import read_rtt_matrix
+from scrapy_banker.net.gnp import read_rtt_matrix
 from scrapy_banker.testing.static_sites import StaticSite
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.commands import CommandError
-from scrapy_banker.commands._common import (
+from scrapy_banker.ops.commands import CommandError
+from scrapy_banker.ops.commands._common import (
     add_target_arguments,
     connect,
     console,
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _request(url: str) -> Request:
     from scrapy import Request
 
-    from scrapy_banker.hashing import host_of
+    from scrapy_banker.core.hashing import host_of
 
     try:
         request = Request(url)
@@ -116,7 +116,7 @@ def _explain_fleet(
     config: BankerConfig,
     fingerprint: str,
 ) -> dict[str, Any]:
-    from scrapy_banker.redis.inspect import explain_url
+    from scrapy_banker.ops.fleet import explain_url
 
     rconfig = redis_settings(settings, opts)
     client, keyspace = connect(settings, opts)
@@ -141,9 +141,9 @@ def _explain_fleet(
 def _explain_jobdir(
     jobdir: str, request: Request, config: BankerConfig, fingerprint: Any
 ) -> dict[str, Any]:
+    from scrapy_banker.ops.jobdir_view import SCHEMA_VERSION, find_in_jobdir
     from scrapy_banker.scheduler.classifier import Classifier
     from scrapy_banker.scheduler.downloader import DownloaderView
-    from scrapy_banker.scheduler.inspect import SCHEMA_VERSION, find_in_jobdir
 
     c = Classifier(config, DownloaderView(), None).classify(request)
     try:

@@ -24,8 +24,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.directory import ExtendibleDirectory
-from scrapy_banker.journal import BadLine, JournalState, UnsupportedSnapshot, parse_enqueue
+from scrapy_banker.core.directory import ExtendibleDirectory
+from scrapy_banker.core.journal import BadLine, JournalState, UnsupportedSnapshot, parse_enqueue
 from scrapy_banker.scheduler.jobdir import (
     SNAPSHOT,
     STATE_VERSION,
@@ -33,7 +33,7 @@ from scrapy_banker.scheduler.jobdir import (
     read_seen_file,
     replay,
 )
-from scrapy_banker.serialize import MalformedPayload, RequestCodec
+from scrapy_banker.scheduler.serialize import MalformedPayload, RequestCodec
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -48,7 +48,7 @@ __all__ = [
     "read_jobdir",
 ]
 
-#: Same numbering as :data:`scrapy_banker.redis.inspect.SCHEMA_VERSION`.
+#: Same numbering as :data:`scrapy_banker.ops.fleet.SCHEMA_VERSION`.
 SCHEMA_VERSION = 1
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from scrapy.commands import ScrapyCommand
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from scrapy_banker.commands import CommandError
+from scrapy_banker.ops.commands import CommandError
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -29,7 +29,7 @@ SUBCOMMANDS = ("status", "explain", "assign", "deadletters", "plot", "dashboard"
 
 
 def _module(name: str) -> ModuleType:
-    return importlib.import_module(f"scrapy_banker.commands.{name}")
+    return importlib.import_module(f"scrapy_banker.ops.commands.{name}")
 
 
 class Command(ScrapyCommand):

@@ -4,7 +4,7 @@
   every response, the application-level latency -- Scrapy's
   ``download_latency``, the time to the response headers, i.e. the GNP
   paper's "httpping" -- and the crawl bandwidth (body bytes / time from
-  request to response) per site in a :class:`~scrapy_banker.netstats.LinkStats`
+  request to response) per site in a :class:`~scrapy_banker.net.netstats.LinkStats`
   shared with the distributed scheduler, which publishes denoised figures
   to Redis for the planner.
 * :class:`Prober` sends the few, rate-limited probe requests that GNP
@@ -26,8 +26,8 @@ from scrapy import Request
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_banker.meta import META_NET_T0, META_PROBE
-from scrapy_banker.netstats import LinkStats, RateLimiter
+from scrapy_banker.core.meta import META_NET_T0, META_PROBE
+from scrapy_banker.net.netstats import LinkStats, RateLimiter
 from scrapy_banker.settings import PlacementConfig, placement_config
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["NetworkMeasureMiddleware", "Prober", "link_stats", "site_of"]
 
 #: Meta key of a probe request; the value is the probed site.  Declared in
-#: :mod:`scrapy_banker.meta`; this name stays for existing importers.
+#: :mod:`scrapy_banker.core.meta`; this name stays for existing importers.
 PROBE_META = META_PROBE
 _T0_META = META_NET_T0
 

@@ -29,15 +29,15 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scrapy_banker.banker import BankersState
+from scrapy_banker.core.banker import BankersState
 
-# The keys live in scrapy_banker.meta; re-exported here for existing importers.
-from scrapy_banker.meta import META_FINISH as META_FINISH
-from scrapy_banker.meta import META_GRANT as META_GRANT
-from scrapy_banker.meta import META_HOLD as META_HOLD
-from scrapy_banker.meta import META_MAX as META_MAX
-from scrapy_banker.meta import META_NEED as META_NEED
-from scrapy_banker.meta import META_TASK as META_TASK
+# The keys live in scrapy_banker.core.meta; re-exported here for existing importers.
+from scrapy_banker.core.meta import META_FINISH as META_FINISH
+from scrapy_banker.core.meta import META_GRANT as META_GRANT
+from scrapy_banker.core.meta import META_HOLD as META_HOLD
+from scrapy_banker.core.meta import META_MAX as META_MAX
+from scrapy_banker.core.meta import META_NEED as META_NEED
+from scrapy_banker.core.meta import META_TASK as META_TASK
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -71,7 +71,7 @@ class _Grant:
 
 
 class Admission:
-    """Wraps :class:`~scrapy_banker.banker.BankersState` for the scheduler."""
+    """Wraps :class:`~scrapy_banker.core.banker.BankersState` for the scheduler."""
 
     def __init__(
         self,

@@ -20,9 +20,9 @@ crawl finish close to that bound.  Small sites lose nothing overall: the
 largest sites' lanes leave the ring as soon as their slots are full, and the
 rest of the downloader's capacity goes to the others.
 
-Which topic is served is decided by :class:`~scrapy_banker.topics.TopicScheduler`;
+Which topic is served is decided by :class:`~scrapy_banker.core.topics.TopicScheduler`;
 which *bucket* (persisted queue) a queue key belongs to by
-:class:`~scrapy_banker.directory.ExtendibleDirectory`.  Items are opaque: this
+:class:`~scrapy_banker.core.directory.ExtendibleDirectory`.  Items are opaque: this
 module never imports Scrapy.
 """
 
@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
-from scrapy_banker.directory import ExtendibleDirectory
-from scrapy_banker.topics import TopicScheduler
+from scrapy_banker.core.directory import ExtendibleDirectory
+from scrapy_banker.core.topics import TopicScheduler
 
 __all__ = ["Entry", "Frontier"]
 

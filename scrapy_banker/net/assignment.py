@@ -466,7 +466,7 @@ def targets(n_tasks: int, capacities: npt.ArrayLike | None, n_nodes: int) -> Int
     """Tasks each node may own: proportional to capacity, summing to ``n_tasks``.
 
     Largest-remainder rounding with ties to the lower index -- the rule of
-    :func:`scrapy_banker.partitions.target_counts` -- so that every caller
+    :func:`scrapy_banker.net.partitions.target_counts` -- so that every caller
     (and :func:`assign_batched` and :func:`reassign` between them) computes
     the same integers from the same capacities.
     """

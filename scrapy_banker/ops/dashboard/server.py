@@ -6,7 +6,7 @@ Why it is built this way:
   thread (``deferToThread``: a Redis round trip never blocks the reactor)
   once per refresh interval, never two reads at a time, and keeps the JSON
   answer ready; ten open tabs cost Redis what one costs.  The readings also
-  feed :class:`~scrapy_banker.dashboard.history.RateHistory`, so the page
+  feed :class:`~scrapy_banker.ops.dashboard.history.RateHistory`, so the page
   opened now shows the pages/s of the minutes before.
 * **Read-only unless a token says otherwise.**  ``GET`` never changes
   anything.  Every ``POST`` is refused with 403 when no
@@ -38,7 +38,7 @@ from twisted.internet import defer, threads
 from twisted.internet.task import LoopingCall
 from twisted.web import resource, server
 
-from scrapy_banker.dashboard.history import RateHistory
+from scrapy_banker.ops.dashboard.history import RateHistory
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -84,7 +84,7 @@ def topic_pages(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     """``{node: {topic: cumulative pages}}`` from the nodes' published telemetry.
 
     ``snapshot["fleet"]`` is :meth:`FleetView.to_json()
-    <scrapy_banker.redis.inspect.FleetView.to_json>`.  A node without
+    <scrapy_banker.ops.fleet.FleetView.to_json>`.  A node without
     telemetry (not published yet, or expired) contributes nothing;
     :class:`RateHistory` keeps the counts it had.
     """
@@ -302,7 +302,7 @@ class Dashboard(resource.Resource):
         if static is None:
             return self._error(request, 404, "not found")
         name, content_type = static
-        data = resources.files("scrapy_banker.dashboard").joinpath("static", name).read_bytes()
+        data = resources.files("scrapy_banker.ops.dashboard").joinpath("static", name).read_bytes()
         self._headers(request, content_type)
         request.setHeader(b"Cache-Control", b"no-cache")
         return data

@@ -1,6 +1,6 @@
 """``scrapy banker …``: the operator's commands (registered as a Scrapy command).
 
-:mod:`scrapy_banker.commands.banker` is the one Scrapy command; each
+:mod:`scrapy_banker.ops.commands.banker` is the one Scrapy command; each
 subcommand lives in its own module here and exposes ``HELP`` (one line),
 ``add_arguments(parser)`` and ``run(opts, settings) -> int`` (the exit code).
 A subcommand reports bad input by raising :class:`CommandError`: one line on

@@ -6,15 +6,15 @@ putting the ones that carry a journal record back into the JOBDIR's journal.
 * ``"when": "restore"`` -- an entry a resume could not read back, with the
   whole journal line it came from as ``payload`` (and ``file``, ``line``,
   ``error``).  When that line parses as an ``E`` record
-  (:func:`~scrapy_banker.journal.parse_enqueue`) the letter can be requeued;
+  (:func:`~scrapy_banker.core.journal.parse_enqueue`) the letter can be requeued;
 * ``"when": "save"`` -- a request only memory held at a clean stop (``url``,
   ``method``, ``error``): nothing of it was written, so it cannot be
   requeued; it is listed, and a requeue leaves it and says why.
 
 A letter's request payload is checked with the project's JSON codec and no
-spider, as :func:`scrapy_banker.redis.inspect.describe_payload` checks a
+spider, as :func:`scrapy_banker.ops.fleet.describe_payload` checks a
 fleet's: callback and errback names are set aside (only
-:func:`~scrapy_banker.serialize.method_name_problem` is asked about them --
+:func:`~scrapy_banker.scheduler.serialize.method_name_problem` is asked about them --
 whether the spider has the method is known only to the crawl), the rest must
 decode.  What the codec refuses is the letter's ``payload_error``; such a
 letter is still requeued if asked, and the next resume dead-letters it again,
@@ -52,7 +52,7 @@ all); the letters that cannot, met on the way, are reported and left.
 Only the snapshot + journal layout can be requeued into: a JOBDIR still in
 the clean-stop-only layout (``banker/state.json``) must be resumed once by
 this version first.  Everything here is typed and free of Scrapy beyond the
-codec; the command (:mod:`scrapy_banker.commands.deadletters`) only prints.
+codec; the command (:mod:`scrapy_banker.ops.commands.deadletters`) only prints.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ import shutil
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.journal import Enqueued, JournalState, enqueue_line, parse_enqueue
+from scrapy_banker.core.journal import Enqueued, JournalState, enqueue_line, parse_enqueue
 from scrapy_banker.scheduler.jobdir import SNAPSHOT, JobdirLock, journal_name, replay
-from scrapy_banker.serialize import MalformedPayload, RequestCodec, method_name_problem
+from scrapy_banker.scheduler.serialize import MalformedPayload, RequestCodec, method_name_problem
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -87,7 +87,7 @@ __all__ = [
     "without_lines",
 ]
 
-#: Same numbering as :data:`scrapy_banker.scheduler.inspect.SCHEMA_VERSION`.
+#: Same numbering as :data:`scrapy_banker.ops.jobdir_view.SCHEMA_VERSION`.
 SCHEMA_VERSION = 1
 DEADLETTER_FILE = "banker-deadletter.jsonl"
 

@@ -23,7 +23,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from scrapy_banker.commands import CommandError
+from scrapy_banker.ops.commands import CommandError
 
 if TYPE_CHECKING:
     import argparse

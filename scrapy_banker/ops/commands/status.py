@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scrapy_banker.commands import CommandError
-from scrapy_banker.commands._common import (
+from scrapy_banker.ops.commands import CommandError
+from scrapy_banker.ops.commands._common import (
     add_target_arguments,
     connect,
     console,
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.redis.inspect import FleetView
-    from scrapy_banker.scheduler.inspect import JobdirView
+    from scrapy_banker.ops.fleet import FleetView
+    from scrapy_banker.ops.jobdir_view import JobdirView
 
 HELP = "Show a crawl's state: a node's JOBDIR, or a Redis fleet (nodes, partitions, topics)"
 
@@ -57,7 +57,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
                 "(-s REDIS_URL=redis://...) for a fleet"
             )
     if jobdir is not None:
-        from scrapy_banker.scheduler.inspect import read_jobdir
+        from scrapy_banker.ops.jobdir_view import read_jobdir
 
         try:
             view = read_jobdir(jobdir)
@@ -68,7 +68,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
         else:
             _print_jobdir(view)
         return 0
-    from scrapy_banker.redis.inspect import read_fleet
+    from scrapy_banker.ops.fleet import read_fleet
     from scrapy_banker.settings import load_placement_config
 
     config = redis_settings(settings, opts)

@@ -14,7 +14,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from scrapy_banker.commands import CommandError
+from scrapy_banker.ops.commands import CommandError
 
 if TYPE_CHECKING:
     import argparse

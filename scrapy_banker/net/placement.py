@@ -1,7 +1,7 @@
 """Network-aware placement of site partitions onto crawler nodes.
 
 The distributed frontier hashes URLs into logical partitions and gives each
-live node a share of them (:mod:`scrapy_banker.partitions`).  Hashing is
+live node a share of them (:mod:`scrapy_banker.net.partitions`).  Hashing is
 network-blind: a site in Singapore is as likely to go to the node in Paris
 as to the one in Tokyo.  This module turns what the fleet measured into an
 owner for every partition whose site is known:
@@ -9,7 +9,7 @@ owner for every partition whose site is known:
 * :func:`estimate_rtt` -- node x site RTTs: measured where a node has
   fetched or probed the site (denoised), GNP-predicted elsewhere.  Nodes
   cannot measure each other at the application level, so the coordinates
-  come from the one-way node x site matrix (:func:`scrapy_banker.gnp.fit_bipartite`):
+  come from the one-way node x site matrix (:func:`scrapy_banker.net.gnp.fit_bipartite`):
   landmark nodes probe every site, the others a few reference sites.
 * :class:`PlacementProblem` -- one round's inputs and the steps every
   strategy shares (the estimate, the partition x node cost matrix, the
@@ -37,7 +37,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from scrapy_banker import assignment, gnp
+from scrapy_banker.net import assignment, gnp
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -218,7 +218,7 @@ class PlacementProblem:
     partition number, not by the order sites were discovered.  ``placed``
     (partition -> its cost when a previous ``hungarian`` plan placed it,
     from :attr:`PlacementResult.placed_costs`) turns a ``hungarian``
-    re-plan into a minimal-move :func:`scrapy_banker.assignment.reassign`;
+    re-plan into a minimal-move :func:`scrapy_banker.net.assignment.reassign`;
     ``None`` and an empty mapping differ there (no memory vs nothing placed
     yet).  ``backlog`` is the requests queued or leased per partition.
     """
@@ -365,7 +365,7 @@ class TopK(Strategy):
 
     ``"least_loaded"`` places partitions heaviest first (by backlog) onto
     the least-loaded candidate, see
-    :func:`scrapy_banker.assignment.assign_top_k_least_loaded`, keeping the
+    :func:`scrapy_banker.net.assignment.assign_top_k_least_loaded`, keeping the
     current owner while it is a candidate and keeping does not make it the
     busiest node by more than ``tolerance``: crawl sites are Zipf-sized and
     the paper's uniform draw sends the largest to a far node two times in
@@ -415,7 +415,7 @@ class Hungarian(Strategy):
     Without ``placed`` the current table is kept whole if it is balanced
     and at most ``tolerance`` dearer in total than a fresh solve, else
     replaced.  With ``placed`` a re-plan is
-    :func:`scrapy_banker.assignment.reassign`: placed partitions stay unless
+    :func:`scrapy_banker.net.assignment.reassign`: placed partitions stay unless
     their owner left, is over its target or drifted by more than
     ``tolerance``; the rest (still where hashing put them) are solved for.
     Partitions are weighted by size (``backlog + 1``) when the backlog is

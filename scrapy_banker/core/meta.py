@@ -45,7 +45,7 @@ __all__ = [
 
 #: The request's topic (``str``: 1-64 letters, digits, ``_``, ``.``, ``-``).
 #: Set by the user to bypass ``BANKER_TOPIC_RULES``; otherwise written by
-#: :func:`scrapy_banker._topic.request_topic` (called by
+#: :func:`scrapy_banker.scheduler.topic.request_topic` (called by
 #: ``BankerTopicMiddleware``, ``BankerDownloaderMiddleware`` and the scheduler)
 #: the first time the request is classified.  Read by the same function; an
 #: invalid value is ignored with a warning.  User-facing; travels, so a request
@@ -54,7 +54,7 @@ META_TOPIC: Final = "banker_topic"
 
 #: Resources the request acquires when the scheduler dispatches it
 #: (``dict[str, int]``, names from ``BANKER_RESOURCES``).  Set by the user;
-#: read by :class:`~scrapy_banker.admission.Admission` (``needs_admission``,
+#: read by :class:`~scrapy_banker.scheduler.admission.Admission` (``needs_admission``,
 #: ``fitting``, ``try_admit``).  User-facing; travels: a retry or a redelivery
 #: needs the same resources again.
 META_NEED: Final = "banker_need"
@@ -114,7 +114,7 @@ META_SLOT: Final = "banker_slot"
 META_LEASE: Final = "banker_lease"
 
 #: Site (``str``, a netloc) a GNP probe request measures.  Set by
-#: :class:`~scrapy_banker.netaware.Prober` on the probes it sends straight to
+#: :class:`~scrapy_banker.scheduler.netaware.Prober` on the probes it sends straight to
 #: the downloader; read by ``NetworkMeasureMiddleware`` to count probe
 #: responses.  Internal (other middlewares may read it to recognise probes);
 #: transient: probes never enter a frontier, so it is never serialized.

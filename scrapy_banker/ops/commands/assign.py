@@ -2,7 +2,7 @@
 
 With ``BANKER_PLACEMENT = "hash"`` (the default) that is the registry's
 rebalance for the live nodes, dealing out the work queued and leased now
-(:meth:`PartitionTable.rebalance <scrapy_banker.partitions.PartitionTable.rebalance>`);
+(:meth:`PartitionTable.rebalance <scrapy_banker.net.partitions.PartitionTable.rebalance>`);
 otherwise the network-aware plan from what the fleet measured
 (:class:`~scrapy_banker.redis.placement.PlacementAgent`).  Without
 ``--apply`` the plan is computed on a copy of the table and shown -- moves,
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.commands import CommandError
-from scrapy_banker.commands._common import (
+from scrapy_banker.ops.commands import CommandError
+from scrapy_banker.ops.commands._common import (
     add_target_arguments,
     connect,
     console,
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.partitions import Move, PartitionTable
+    from scrapy_banker.net.partitions import Move, PartitionTable
 
 HELP = "Show (and with --apply, write) the partition -> node table the placement would make now"
 
@@ -53,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
-    from scrapy_banker.partitions import PartitionTable
+    from scrapy_banker.net.partitions import PartitionTable
+    from scrapy_banker.ops.fleet import count_partitions, handover_waits
     from scrapy_banker.redis.frontier import RedisFrontier
-    from scrapy_banker.redis.inspect import count_partitions, handover_waits
     from scrapy_banker.redis.registry import NodeRegistry
     from scrapy_banker.settings import load_placement_config
 
@@ -113,7 +113,7 @@ def _planner(
     """The change the crawl itself would make, as ``NodeRegistry.update`` takes it."""
     if pconfig.mode == "hash":
         return lambda table, live: table.rebalance(live, work=work)
-    from scrapy_banker.netstats import LinkStats
+    from scrapy_banker.net.netstats import LinkStats
     from scrapy_banker.redis.placement import PlacementAgent
 
     # The agent plans from what the fleet published; it measures nothing here.
@@ -141,7 +141,7 @@ def _report(
     mode: str,
     costs: dict[str, Any],
 ) -> dict[str, Any]:
-    from scrapy_banker.redis.inspect import SCHEMA_VERSION
+    from scrapy_banker.ops.fleet import SCHEMA_VERSION
 
     names = sorted(set(live) | {o for o in before.owners if o is not None})
     nodes = []

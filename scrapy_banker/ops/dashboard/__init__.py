@@ -1,8 +1,8 @@
 """The live fleet dashboard: a small Twisted web server and one page.
 
-``scrapy banker dashboard`` (:mod:`scrapy_banker.commands.dashboard`) starts
+``scrapy banker dashboard`` (:mod:`scrapy_banker.ops.commands.dashboard`) starts
 it.  The server reads the fleet through the same read model as ``scrapy
-banker status`` (:mod:`scrapy_banker.redis.inspect`), once per refresh
+banker status`` (:mod:`scrapy_banker.ops.fleet`), once per refresh
 interval on a thread, whatever the number of open tabs, and serves the page
 (``static/``, shipped in the package: nothing is fetched from the internet)
 and a JSON API.  It binds to 127.0.0.1 unless told otherwise and changes

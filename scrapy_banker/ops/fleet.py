@@ -11,7 +11,7 @@ frontier's ``requeue`` script); everything else is ``GET``/``ZCARD``/
 ``LLEN``/``ZSCAN``-style reads -- no script, no lock, no key touched.
 
 Payloads are never unpickled: a dead letter's payload is looked at with the
-project's JSON codec (:class:`~scrapy_banker.serialize.RequestCodec`), and
+project's JSON codec (:class:`~scrapy_banker.scheduler.serialize.RequestCodec`), and
 whatever it refuses is reported as such.
 
 Each view has ``to_json()``; the schema (documented in ``docs/ops/commands.rst``)
@@ -27,12 +27,12 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.partitions import PartitionTable
+from scrapy_banker.core.telemetry import Sample, sample_from_dict
+from scrapy_banker.net.partitions import PartitionTable
 from scrapy_banker.redis.frontier import RedisFrontier, in_bloom
 from scrapy_banker.redis.keys import Keyspace, decode
 from scrapy_banker.redis.registry import NodeRegistry
-from scrapy_banker.serialize import MalformedPayload, RequestCodec, method_name_problem
-from scrapy_banker.telemetry import Sample, sample_from_dict
+from scrapy_banker.scheduler.serialize import MalformedPayload, RequestCodec, method_name_problem
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence

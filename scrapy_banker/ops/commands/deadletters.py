@@ -13,7 +13,7 @@ set.  A letter whose payload is malformed is requeued too if asked -- the
 workers will dead-letter it again, which the listing says beforehand.
 
 A single node: ``JOBDIR/banker-deadletter.jsonl``, read and requeued by
-:mod:`scrapy_banker.scheduler.deadletters` (whose docstring has the
+:mod:`scrapy_banker.ops.jobdir_deadletters` (whose docstring has the
 semantics): a requeue appends new journal records for the next resume,
 under the JOBDIR's lock -- refused (exit code 2, nothing changed) while a
 crawl holds it.
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scrapy_banker.commands import CommandError
-from scrapy_banker.commands._common import (
+from scrapy_banker.ops.commands import CommandError
+from scrapy_banker.ops.commands._common import (
     add_target_arguments,
     connect,
     console,
@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.redis.inspect import DeadLetter
-    from scrapy_banker.scheduler.deadletters import JobdirLetter, RequeueOutcome
-    from scrapy_banker.serialize import RequestCodec
+    from scrapy_banker.ops.fleet import DeadLetter
+    from scrapy_banker.ops.jobdir_deadletters import JobdirLetter, RequeueOutcome
+    from scrapy_banker.scheduler.serialize import RequestCodec
 
 HELP = (
     "List the dead letters of a fleet or a JOBDIR with their reasons; --requeue N|all puts "
@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
-    from scrapy_banker.redis.inspect import SCHEMA_VERSION, list_dead_letters, requeue_dead_letters
+    from scrapy_banker.ops.fleet import SCHEMA_VERSION, list_dead_letters, requeue_dead_letters
 
     requeue = None if opts.requeue is None else _count(opts.requeue)
     if opts.limit is not None and opts.limit < 1:
@@ -160,7 +160,7 @@ def _print(letters: list[DeadLetter], prefix: str) -> None:
 
 def _codec(settings: BaseSettings) -> RequestCodec:
     """The crawl's codec: its ``BANKER_SERIALIZE_ALLOWED_CLASSES`` decide what decodes."""
-    from scrapy_banker.serialize import RequestCodec
+    from scrapy_banker.scheduler.serialize import RequestCodec
     from scrapy_banker.settings import load_config
 
     try:
@@ -178,7 +178,7 @@ def _codec(settings: BaseSettings) -> RequestCodec:
 def _run_jobdir(
     opts: argparse.Namespace, settings: BaseSettings, jobdir: str, requeue: int | None
 ) -> int:
-    from scrapy_banker.scheduler import deadletters
+    from scrapy_banker.ops import jobdir_deadletters as deadletters
     from scrapy_banker.scheduler.jobdir import JobdirLocked
 
     codec = _codec(settings)

@@ -1,10 +1,10 @@
 """``scrapy banker dashboard [SPIDER]``: the live fleet dashboard in a browser.
 
-Serves :mod:`scrapy_banker.dashboard` on ``--bind`` (127.0.0.1 unless told
+Serves :mod:`scrapy_banker.ops.dashboard` on ``--bind`` (127.0.0.1 unless told
 otherwise) and ``--port``, prints its URL and runs until Ctrl-C.  The fleet is
 found like the crawl finds it: ``REDIS_URL`` (or ``REDIS_HOST``/...) and
 ``BANKER_REDIS_PREFIX`` with ``%(spider)s`` the SPIDER argument; it is read
-through :func:`scrapy_banker.redis.inspect.read_fleet`, the read model
+through :func:`scrapy_banker.ops.fleet.read_fleet`, the read model
 ``scrapy banker status`` shows too.  Redis unreachable at start-up, a port in
 use or a bad option is one line on stderr and exit code 2; once running, a
 Redis outage is shown on the page (the last numbers, marked stale) and the
@@ -21,7 +21,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.commands import CommandError
+from scrapy_banker.ops.commands import CommandError
 
 if TYPE_CHECKING:
     import argparse
@@ -39,7 +39,7 @@ DEAD_LETTERS_SHOWN = 50
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scrapy_banker.commands._common import add_target_arguments
+    from scrapy_banker.ops.commands._common import add_target_arguments
 
     add_target_arguments(parser)
     parser.add_argument(
@@ -93,7 +93,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
         token = load_ops_config(settings).dashboard_token
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    from scrapy_banker.commands._common import connect, redis_settings
+    from scrapy_banker.ops.commands._common import connect, redis_settings
 
     node_timeout = redis_settings(settings, opts).node_timeout
     placement_mode = settings.get("BANKER_PLACEMENT") or None
@@ -101,7 +101,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     # seconds, and once running each refresh is a fresh attempt anyway.
     client, keyspace = connect(settings, opts)
 
-    from scrapy_banker.redis import inspect
+    from scrapy_banker.ops import fleet as inspect
 
     def read() -> dict[str, Any]:
         fleet = inspect.read_fleet(
@@ -129,7 +129,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     reactor = _reactor(settings)
     from twisted.internet.error import CannotListenError
 
-    from scrapy_banker.dashboard.server import Actions, Dashboard, FleetPoller, make_site
+    from scrapy_banker.ops.dashboard.server import Actions, Dashboard, FleetPoller, make_site
 
     info = {
         "prefix": keyspace.prefix,

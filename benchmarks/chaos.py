@@ -13,7 +13,7 @@ Why
     and that politeness held throughout.
 
 What runs
-    * The web farm (``scrapy_banker.testing.webfarm``, its own process),
+    * The web farm (``scrapy_banker.testing.farm``, its own process),
       ``--hosts`` hosts, ``--latency-ms`` per request.
     * One ``redis-server`` (``scrapy_banker.testing.redis_server``) with
       ``appendonly yes`` and ``appendfsync always``.  ``always`` because the
@@ -762,8 +762,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One soak; returns the JSON object."""
     from scrapy_banker.ops.fleet import list_dead_letters
+    from scrapy_banker.testing.farm import FarmConfig, WebFarm
     from scrapy_banker.testing.redis_server import RedisServer
-    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
     mode = TINY if args.tiny else QUICK if args.quick else FULL
     for arg, name in (("workers", "workers"), ("duration", "duration_s"), ("hosts", "hosts"),

@@ -64,8 +64,8 @@ import _common
 import numpy as np
 from crawl_skewed import _children_cpu_s, fairness
 
+from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm, load_rtt_matrix
 from scrapy_banker.testing.resolver import farm_settings
-from scrapy_banker.testing.webfarm import FarmConfig, FarmModel, WebFarm, load_rtt_matrix
 
 RUNNER = Path(__file__).with_name("_crawl_runner.py")
 RTT_MATRIX = Path(__file__).resolve().parents[1] / "data" / "rtt" / "planetlab-490-t1.tsv.gz"

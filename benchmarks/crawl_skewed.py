@@ -1,7 +1,7 @@
 """Real crawls of a skewed web farm: pages/s and topic fairness, three schedulers.
 
 Why this workload: broad crawls are dominated by a few huge sites, and the
-huge ones are often the slow ones.  The farm (``scrapy_banker.testing.webfarm``)
+huge ones are often the slow ones.  The farm (``scrapy_banker.testing.farm``)
 has one giant, slow host -- ``h0000`` holds a Zipf(s=3) share of the pages,
 about half of all of them, and answers after ``--slow-ms`` (250 ms) -- and many
 small, fast hosts (``--fast-ms``, 5 ms; at least 30 pages each).  Every host's
@@ -99,8 +99,8 @@ from typing import Any
 
 import _common
 
+from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
 from scrapy_banker.testing.resolver import farm_settings
-from scrapy_banker.testing.webfarm import FarmConfig, FarmModel, WebFarm
 
 RUNNER = Path(__file__).with_name("_crawl_runner.py")
 #: Seconds between two per-topic samples: the resolution of max_topic_wait_s.

@@ -134,8 +134,8 @@ import _common
 import numpy as np
 
 from scrapy_banker.core.banker import BankersState, naive_safe_sequence
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.resolver import farm_settings
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 RUNNER = Path(__file__).with_name("_deadlock_runner.py")
 POLICIES: tuple[str, ...] = ("naive", "banker")

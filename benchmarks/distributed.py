@@ -3,7 +3,7 @@
 What is measured
     Fleets of real worker processes (``scrapy_banker.testing.fleet``, one
     ``CrawlerProcess`` each) crawl a local web farm
-    (``scrapy_banker.testing.webfarm``, its own process) through a real
+    (``scrapy_banker.testing.farm``, its own process) through a real
     ``redis-server``: one worker, then each fleet size of the mode (4; the
     full mode adds 8), once with scrapy-redis's shared queue
     (``scrapy_redis.scheduler.Scheduler`` + ``RFPDupeFilter``) and once with
@@ -270,7 +270,7 @@ class Workload:
     max_idle_s: int = 3
 
     def farm_config(self, seed: int) -> Any:
-        from scrapy_banker.testing.webfarm import FarmConfig
+        from scrapy_banker.testing.farm import FarmConfig
 
         return FarmConfig(
             seed=seed,
@@ -619,8 +619,8 @@ def _describe(run: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     import _common
 
+    from scrapy_banker.testing.farm import FarmModel, WebFarm
     from scrapy_banker.testing.redis_server import RedisServer
-    from scrapy_banker.testing.webfarm import FarmModel, WebFarm
 
     args = _parse(argv)
     workload = TINY if args.tiny else QUICK if args.quick else FULL

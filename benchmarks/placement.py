@@ -816,8 +816,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import numpy as np
 
     from scrapy_banker.net.gnp import read_rtt_matrix
+    from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
     from scrapy_banker.testing.redis_server import RedisServer
-    from scrapy_banker.testing.webfarm import FarmConfig, FarmModel, WebFarm
 
     args = _parse(argv)
     workload = TINY if args.tiny else QUICK if args.quick else FULL

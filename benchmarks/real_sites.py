@@ -72,8 +72,8 @@ import _common
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scrapy_banker.testing.farm import FarmConfig, WebFarm, load_rtt_matrix  # noqa: E402
 from scrapy_banker.testing.redis_server import RedisServer  # noqa: E402
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm, load_rtt_matrix  # noqa: E402
 
 RUNNER = Path(__file__).with_name("_real_sites_runner.py")
 RTT = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"

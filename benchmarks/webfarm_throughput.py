@@ -3,7 +3,7 @@
 Every crawl benchmark runs against the farm, so the farm must be much faster
 than the crawlers it serves (target: > 1,500 pages/s on a 2-core machine);
 otherwise scheduler comparisons would measure the farm.  This script starts
-a zero-latency :class:`~scrapy_banker.testing.webfarm.WebFarm` and drives it
+a zero-latency :class:`~scrapy_banker.testing.farm.WebFarm` and drives it
 from a *separate* process (the same script in ``--loadgen`` mode) with an
 asyncio keep-alive load generator: ``C`` persistent HTTP/1.1 connections,
 one outstanding request each (as Scrapy does), cycling through the farm's
@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scrapy_banker.testing.webfarm import FarmConfig, FarmModel, WebFarm
+from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
 
 logger = logging.getLogger(__name__)
 

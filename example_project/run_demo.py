@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 SPIDER = textwrap.dedent(
     '''

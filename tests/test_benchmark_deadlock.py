@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from scrapy_banker.testing.webfarm import FarmModel
+from scrapy_banker.testing.farm import FarmModel
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"

@@ -36,9 +36,9 @@ from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.keys import Keyspace
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.scheduler.serialize import RequestCodec
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "example_project"

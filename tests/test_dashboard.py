@@ -28,9 +28,9 @@ import redis
 
 from scrapy_banker.ops.dashboard.history import RateHistory
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer, free_port
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 pytestmark = pytest.mark.timeout(180)
 

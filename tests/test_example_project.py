@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "example_project"

@@ -41,7 +41,7 @@ from scrapy_banker.ops.jobdir_view import find_in_jobdir, read_jobdir
 from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler import jobdir as jobdir_module
 from scrapy_banker.scheduler.serialize import RequestCodec
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 SCRAPY_VERSION = tuple(int(x) for x in scrapy.__version__.split(".")[:2])
 ROOT = Path(__file__).resolve().parent.parent

@@ -42,7 +42,7 @@ from scrapy_banker.ops.commands import deadletters as command
 from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler.jobdir import JobdirLock, JobdirLocked, replay
 from scrapy_banker.scheduler.serialize import RequestCodec
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 CODEC = RequestCodec()
 

@@ -30,9 +30,9 @@ from scrapy.utils.test import get_crawler
 from scrapy_banker.core.telemetry import Sample, SlotSample, TopicSample, sample_from_dict
 from scrapy_banker.ops.metrics import BankerMetrics, Snapshot, families
 from scrapy_banker.redis.keys import Keyspace
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 PER_HOST = 2
 TOP_SLOTS = 3

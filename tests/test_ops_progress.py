@@ -19,7 +19,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_banker.core.telemetry import BankerSample, FleetSample, Sample, TopicSample
 from scrapy_banker.ops.progress import BankerProgress, progress_view
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 TOPICS = ("news", "archive", "products")
 

@@ -15,8 +15,8 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_banker.core.telemetry import PlacementSample, Sample, iter_samples
 from scrapy_banker.ops.timeseries import BankerTimeseries
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 TOPICS = ("news", "archive", "products")
 INTERVAL = 0.2

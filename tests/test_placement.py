@@ -32,9 +32,9 @@ from scrapy_banker.net.placement import (
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.settings import DEFAULTS, load_placement_config
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANETLAB = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"

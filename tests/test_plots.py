@@ -362,7 +362,7 @@ process.start()
 @pytest.mark.slow
 def test_demo_project_crawl_records_a_time_series_that_plots(tmp_path: Path) -> None:
     """``scrapy crawl farm`` with BANKER_TIMESERIES_FILE, then ``scrapy banker plot``."""
-    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+    from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
     timeseries = tmp_path / "ts.jsonl"
     with WebFarm(FarmConfig(seed=5, hosts=6, total_pages=300, latency_ms=20.0)) as farm:
@@ -394,7 +394,7 @@ def test_demo_project_crawl_records_a_time_series_that_plots(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_crawl_with_banker_admission_plots_its_allocation(tmp_path: Path) -> None:
-    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+    from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
     script, timeseries = tmp_path / "spider.py", tmp_path / "ts.jsonl"
     script.write_text(ADMISSION_SPIDER)

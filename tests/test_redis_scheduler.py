@@ -21,9 +21,9 @@ import redis
 
 from scrapy_banker.redis.frontier import LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisClusterServer, RedisServer
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 PER_HOST = 2
 PARTITIONS = 64

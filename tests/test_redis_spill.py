@@ -24,9 +24,9 @@ from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
 from scrapy_banker.settings import load_redis_config
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer, free_port
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "example_project"

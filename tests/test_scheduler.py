@@ -417,7 +417,7 @@ def _drop_in_crawl(
     import subprocess
     import sys
 
-    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+    from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
     script = tmp_path / "spider.py"
     script.write_text(DROP_IN_SPIDER)
@@ -541,7 +541,7 @@ def test_per_domain_limit_holds_under_both_reactors(
     import subprocess
     import sys
 
-    from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+    from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
     script = tmp_path / "spider.py"
     script.write_text(POLITE_SPIDER)

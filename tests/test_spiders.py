@@ -45,9 +45,9 @@ from spider_matrix import (
     write_site,
 )
 
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.redis_server import RedisServer
 from scrapy_banker.testing.resolver import farm_settings
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

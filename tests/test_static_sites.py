@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_banker.testing.static_sites import StaticSite
-from scrapy_banker.testing.webfarm import FarmConfig, WebFarm
+from scrapy_banker.testing.farm import FarmConfig, StaticSite, WebFarm
 
 
 @pytest.fixture

@@ -28,17 +28,17 @@ import pytest
 from scrapy.resolver import CachingThreadedResolver
 from scrapy.settings import Settings
 
+from scrapy_banker.testing.farm import (
+    FarmConfig,
+    FarmModel,
+    WebFarm,
+    load_rtt_matrix,
+)
 from scrapy_banker.testing.resolver import (
     FarmResolver,
     farm_settings,
     install_farm_resolver,
     resolver_setting_name,
-)
-from scrapy_banker.testing.webfarm import (
-    FarmConfig,
-    FarmModel,
-    WebFarm,
-    load_rtt_matrix,
 )
 
 REAL_RTT = Path("/work/shared/data/rtt/planetlab-490-t1.tsv.gz")

@@ -1,6 +1,6 @@
 """A Scrapy DNS resolver that sends every web-farm host to ``127.0.0.1``.
 
-The farm (:mod:`scrapy_banker.testing.webfarm`) serves hundreds of virtual
+The farm (:mod:`scrapy_banker.testing.farm`) serves hundreds of virtual
 hosts such as ``h0042.farm.test`` from one local port.  Crawls must keep the
 real host names -- scheduling, politeness slots and statistics are all keyed
 by host -- so instead of rewriting URLs we teach the resolver that every

@@ -1,6 +1,6 @@
 """WAN emulation helper: tell the web farm which crawler node is asking.
 
-The farm (:mod:`scrapy_banker.testing.webfarm`) delays each response by the
+The farm (:mod:`scrapy_banker.testing.farm`) delays each response by the
 RTT between the requesting node and the site's host, taken from a real RTT
 matrix (``FarmConfig.rtt_matrix``, ``node_rows``, ``host_columns``).  It can
 only do that if the request says which node sent it; this downloader
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.exceptions import NotConfigured
 
-from scrapy_banker.testing.webfarm import NODE_HEADER
+from scrapy_banker.testing.farm.model import NODE_HEADER
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

@@ -1,4 +1,4 @@
-"""A multi-topic spider for the local web farm (``scrapy_banker.testing.webfarm``)."""
+"""A multi-topic spider for the local web farm (``scrapy_banker.testing.farm``)."""
 
 from __future__ import annotations
 

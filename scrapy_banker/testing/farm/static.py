@@ -1,6 +1,6 @@
 """Static sites for the web farm: any folder of files served under a virtual host name.
 
-The generated farm (:class:`~scrapy_banker.testing.webfarm.FarmModel`) has
+The generated farm (:class:`~scrapy_banker.testing.farm.model.FarmModel`) has
 shallow link graphs and pages that cost ~4 ms of CPU to parse; real sites
 do not.  A static site serves a directory tree as it is -- a documentation
 package, a mirrored site, or a small tree a test writes (HTML pages,

@@ -14,17 +14,16 @@ import itertools
 import json
 import re
 import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import scrapy
+from conftest import PLANETLAB, farm_fixture, run_python
 from scrapy.resolver import CachingThreadedResolver
 from scrapy.settings import Settings
 
@@ -41,7 +40,7 @@ from scrapy_banker.testing.resolver import (
     resolver_setting_name,
 )
 
-REAL_RTT = Path("/work/shared/data/rtt/planetlab-490-t1.tsv.gz")
+SCRAPY_VERSION = tuple(int(x) for x in scrapy.__version__.split(".")[:2])
 HREF = re.compile(r'href="([^"]+)"')
 
 
@@ -206,9 +205,8 @@ def test_rtt_matrix_loader_handles_gzip_and_missing_values(tmp_path: Path) -> No
         load_rtt_matrix(bad)
 
 
-@pytest.mark.skipif(not REAL_RTT.exists(), reason="shared RTT data not present")
 def test_real_planetlab_matrix_loads() -> None:
-    m = load_rtt_matrix(REAL_RTT)
+    m = load_rtt_matrix(PLANETLAB)  # the repository's copy (data/rtt/)
     assert m.shape == (490, 490)
     assert np.isfinite(m).all() and (m >= 0).all()
     assert (np.diag(m) == 0).all()
@@ -216,26 +214,18 @@ def test_real_planetlab_matrix_loads() -> None:
     assert 50 < float(np.median(m)) < 300
 
 
-def test_model_metadata_is_fast() -> None:
-    start = time.perf_counter()
+def test_model_metadata_of_a_large_farm() -> None:
     model = FarmModel(FarmConfig(hosts=200, total_pages=20000))
     n = sum(len(model.paths(i)) for i in range(model.hosts))
     assert n == model.n_urls() > 20000
-    assert time.perf_counter() - start < 1.0
 
 
 # ---------------------------------------------------------------------- server
-@pytest.fixture(scope="module")
-def rtt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("rtt") / "rtt.tsv"
+def _server_config(tmp_path_factory: pytest.TempPathFactory) -> FarmConfig:
+    rtt_file = tmp_path_factory.mktemp("rtt") / "rtt.tsv"
     # node "near" (row 0) is 20 ms from column 2, node "far" (row 1) 400 ms.
-    path.write_text("0 5 20\n5 0 400\nNA 400 0\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def farm(rtt_file: Path) -> Iterator[WebFarm]:
-    cfg = FarmConfig(
+    rtt_file.write_text("0 5 20\n5 0 400\nNA 400 0\n")
+    return FarmConfig(
         seed=11,
         hosts=6,
         total_pages=300,
@@ -248,8 +238,9 @@ def farm(rtt_file: Path) -> Iterator[WebFarm]:
         timeout_rate=0.05,
         timeout_s=0.6,
     )
-    with WebFarm(cfg) as running:
-        yield running
+
+
+farm = farm_fixture(_server_config)
 
 
 def _get(
@@ -273,6 +264,7 @@ def _first(farm: WebFarm, fault: str, host: int = 0) -> str:
     return next(p for p in farm.model.paths(host) if farm.model.fault(host, p) == fault)
 
 
+@pytest.mark.slow
 def test_server_serves_the_models_bytes(farm: WebFarm) -> None:
     for i in (0, 1, 5):
         for path in farm.model.paths(i)[:6]:
@@ -286,6 +278,7 @@ def test_server_serves_the_models_bytes(farm: WebFarm) -> None:
             assert HREF.findall(body.decode()) == exp_links
 
 
+@pytest.mark.slow
 def test_keep_alive_and_head(farm: WebFarm) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", farm.port, timeout=10)
     host = {"Host": f"{farm.model.host_name(1)}:{farm.port}"}
@@ -300,23 +293,25 @@ def test_keep_alive_and_head(farm: WebFarm) -> None:
     conn.close()
 
 
+@pytest.mark.slow
 def test_unknown_host_and_path_are_404(farm: WebFarm) -> None:
     assert _get(farm, "nobody.farm.test", "/")[0] == 404
     assert _get(farm, 0, "/no/such/page.html")[0] == 404
     assert _get(farm, 0, "/", method="POST")[0] == 405
 
 
+@pytest.mark.slow
 def test_per_host_latency_really_delays(farm: WebFarm) -> None:
     start = time.perf_counter()
     assert _get(farm, 3, "/")[0] == 200
-    slow = time.perf_counter() - start
-    start = time.perf_counter()
+    assert time.perf_counter() - start >= 0.8 * 0.300
+    # Other hosts have no latency of their own (no upper bound on the clock:
+    # a loaded machine may take any time to answer).
+    assert farm.model.delay_s(0, "/") == 0.0
     assert _get(farm, 0, "/")[0] == 200
-    fast = time.perf_counter() - start
-    assert slow >= 0.8 * 0.300
-    assert fast < 0.15
 
 
+@pytest.mark.slow
 def test_node_header_uses_the_rtt_matrix(farm: WebFarm) -> None:
     timings = {}
     for node in ("far", "near"):
@@ -324,9 +319,11 @@ def test_node_header_uses_the_rtt_matrix(farm: WebFarm) -> None:
         assert _get(farm, 2, "/", {"X-Banker-Node": node})[0] == 200
         timings[node] = time.perf_counter() - start
     assert timings["far"] >= 0.8 * 0.400
-    assert 0.8 * 0.020 <= timings["near"] < 0.2
+    assert timings["near"] >= 0.8 * 0.020
+    assert farm.model.latency_ms(2, "near") == 20.0  # the row of "near", not of "far"
 
 
+@pytest.mark.slow
 def test_error_transient_and_timeout_injection(farm: WebFarm) -> None:
     farm.reset()
     error = _first(farm, "error")
@@ -343,6 +340,7 @@ def test_error_transient_and_timeout_injection(farm: WebFarm) -> None:
     assert time.perf_counter() - start >= 0.8 * 0.6
 
 
+@pytest.mark.slow
 def test_pipelined_responses_keep_request_order(farm: WebFarm) -> None:
     names = [farm.model.host_name(i) for i in (3, 0)]  # slow host first
     raw = b"".join(f"GET / HTTP/1.1\r\nHost: {n}\r\n\r\n".encode() for n in names)
@@ -357,6 +355,7 @@ def test_pipelined_responses_keep_request_order(farm: WebFarm) -> None:
     assert titles == [f"{n}/".encode() for n in names]
 
 
+@pytest.mark.slow
 def test_stats_count_requests_hosts_nodes_and_urls(farm: WebFarm) -> None:
     farm.reset()
     assert farm.stats()["requests"] == 0
@@ -373,6 +372,7 @@ def test_stats_count_requests_hosts_nodes_and_urls(farm: WebFarm) -> None:
     assert farm.stats(urls=True)["fetches"] == {}
 
 
+@pytest.mark.slow
 def test_max_inflight_per_host_sees_concurrency(farm: WebFarm) -> None:
     farm.reset()
     results: list[int] = []
@@ -390,6 +390,7 @@ def test_max_inflight_per_host_sees_concurrency(farm: WebFarm) -> None:
     assert stats["inflight"] == {}
 
 
+@pytest.mark.slow
 def test_launcher_reports_child_errors(tmp_path: Path) -> None:
     cfg = FarmConfig(hosts=2, total_pages=6, rtt_matrix=str(tmp_path / "missing.tsv"))
     with pytest.raises(RuntimeError, match=r"(?s)before listening.*missing\.tsv"):
@@ -420,10 +421,10 @@ def _result(d: Any) -> list[Any]:
 
 
 def test_resolver_maps_farm_hosts_and_defers_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert resolver_setting_name() == "TWISTED_DNS_RESOLVER"  # Scrapy >= 2.14 here
-    assert farm_settings() == {
-        "TWISTED_DNS_RESOLVER": "scrapy_banker.testing.resolver.FarmResolver"
-    }
+    # Scrapy 2.14 renamed the setting; CI runs this on 2.13 too.
+    name = "TWISTED_DNS_RESOLVER" if SCRAPY_VERSION >= (2, 14) else "DNS_RESOLVER"
+    assert resolver_setting_name() == name
+    assert farm_settings() == {name: "scrapy_banker.testing.resolver.FarmResolver"}
     reactor: Any = _FakeReactor()
     res = FarmResolver.from_crawler(_FakeCrawler({"BANKER_FARM_DOMAIN": "lab.example"}), reactor)
     assert res.domain == "lab.example"
@@ -497,20 +498,14 @@ CRAWL_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.scrapy213
 def test_real_scrapy_crawl_fetches_exactly_the_expected_urls(tmp_path: Path) -> None:
     cfg = FarmConfig(seed=5, hosts=5, total_pages=60, error_rate=0.05, latency_ms=2.0)
     script = tmp_path / "crawl.py"
     script.write_text(CRAWL_SCRIPT)
     out = tmp_path / "fetched.json"
     with WebFarm(cfg) as farm:
-        proc = subprocess.run(
-            [sys.executable, str(script), json.dumps(farm.start_urls()), str(out)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run_python(script, json.dumps(farm.start_urls()), out, timeout=120)
         result = json.loads(out.read_text())
         stats = farm.stats(urls=True)
         expected = farm.expected_urls()

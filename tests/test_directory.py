@@ -1,4 +1,5 @@
-"""The cache-based extendible-hash directory: model-checked, hot hosts, cache, merges, state."""
+"""The cache-based extendible-hash directory: model-checked, hot hosts, cache, merges, state,
+the state codec and invariant checker modules and the seams they use."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from scrapy_banker.core.directory import ExtendibleDirectory
+from scrapy_banker.core import directory_check, directory_state
+from scrapy_banker.core.directory import BucketParts, ExtendibleDirectory
 from scrapy_banker.core.hashing import bkdr
 
 # -- model-based stateful test -------------------------------------------------------------
@@ -452,6 +454,97 @@ def test_fuzzed_state_is_refused_or_consistent(data: st.DataObject) -> None:
         assert str(exc).startswith("malformed directory state: ")
     else:
         restored.check_invariants()
+
+
+# Written by ExtendibleDirectory.to_state() before persistence left the class
+# (json.dumps, default separators), from the operations below: a JOBDIR
+# snapshot holds exactly this, so it must load and re-encode byte for byte.
+# It has a freed id (0), buckets of LL 1, 2 and 3 under GL 3, a cache record.
+# (key, hash, load): a negative load is a remove_load.
+_PRE_SPLIT_OPS = [
+    ("h.example", 3, 3), ("j.example", 12, 3), ("a.example", 6, 2), ("d.example", 4, 1),
+    ("g.example", 14, 1), ("a.example", 6, -1), ("b.example", 5, 1), ("j.example", 12, -3),
+    ("e.example", 7, 3), ("d.example", 4, -1), ("h.example", 3, 1), ("e.example", 7, 3),
+    ("g.example", 14, 2), ("f.example", 15, 3),
+]  # fmt: skip
+_PRE_SPLIT_STATE = (
+    '{"format": "scrapy-banker/extendible-directory", "version": 1, "capacity": 4, '
+    '"max_depth": 3, "cache_capacity": 2, "global_depth": 3, "splits": 4, "merges": 1, '
+    '"directory": [2, 1, 2, 3, 2, 1, 2, 4], "buckets": ['
+    '{"id": 1, "local_depth": 2, "records": [["b.example", 5, 1]], "cached": []}, '
+    '{"id": 2, "local_depth": 1, "records": [["a.example", 6, 1], ["g.example", 14, 3]], '
+    '"cached": []}, '
+    '{"id": 3, "local_depth": 3, "records": [["h.example", 3, 4]], "cached": []}, '
+    '{"id": 4, "local_depth": 3, "records": [["f.example", 15, 3]], '
+    '"cached": [["e.example", 7, 6]]}]}'
+)
+
+
+def test_state_written_before_the_codec_moved_out_loads_and_reencodes_identically() -> None:
+    saved = json.loads(_PRE_SPLIT_STATE)
+    restored = ExtendibleDirectory.from_state(saved)
+    assert restored.to_state() == saved
+    assert json.dumps(restored.to_state()) == _PRE_SPLIT_STATE
+    assert directory_state.to_state(restored) == saved
+    assert restored.in_cache("e.example") and restored.bucket_of("e.example") == 4
+    # The same operations today write the same state.
+    d: ExtendibleDirectory[str] = ExtendibleDirectory(capacity=4, max_depth=3, cache_capacity=2)
+    for key, h, load in _PRE_SPLIT_OPS:
+        if load > 0:
+            d.add(key, h, load)
+        else:
+            d.remove_load(key, -load)
+    assert json.dumps(d.to_state()) == _PRE_SPLIT_STATE
+    # ... and the freed id 0 is the next one handed out, as before the save.
+    for directory in (d, restored):
+        directory.add("g2.example", 0b0110, 2)
+    assert restored.to_state() == d.to_state()
+    assert 0 in d.buckets()
+
+
+def test_codec_and_checker_modules_match_the_methods() -> None:
+    d = _busy_directory()
+    assert directory_state.to_state(d) == d.to_state()
+    assert directory_state.from_state(d.to_state()).to_state() == d.to_state()
+    state = d.to_state()
+    assert (state["format"], state["version"]) == (
+        directory_state.STATE_FORMAT,
+        directory_state.STATE_VERSION,
+    )
+    directory_check.check_invariants(d)
+
+
+def test_layout_is_a_read_only_view() -> None:
+    d = _busy_directory()
+    lay = d.layout()
+    assert len(lay.table) == d.directory_size and lay.mask == d.directory_size - 1
+    assert sorted(lay.buckets) == d.buckets() and set(lay.records) == set(d)
+    assert {k for k, r in lay.records.items() if r.cached} == set(lay.cache)
+    for bucket_id, b in lay.buckets.items():
+        assert set(b.records) | set(b.cached) == d.bucket_keys(bucket_id)
+        assert b.load == d.resident_load(bucket_id)
+        assert all(r.bucket is b for r in b.records.values())
+    with pytest.raises(TypeError):
+        lay.records["x"] = lay.records["h0"]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        lay.table[0] = lay.table[1]  # type: ignore[index]
+
+
+def test_assemble_verifies_the_parts() -> None:
+    parts = [
+        BucketParts(0, 1, [("even", 0, 3)], []),
+        BucketParts(1, 1, [("odd", 1, 2)], []),
+    ]
+    d = ExtendibleDirectory.assemble(4, 8, 0, table=[0, 1], buckets=parts, splits=1, merges=0)
+    assert (d.global_depth, d.bucket_of("odd"), d.bucket_load(0), len(d)) == (1, 1, 3, 2)
+    d.add("odd2", 3, 1)
+    assert d.bucket_of("odd2") == 1
+    # Together 5 > capacity / 2 = 2: legal.  With capacity 16 they should have merged.
+    with pytest.raises(AssertionError, match="did not merge"):
+        ExtendibleDirectory.assemble(16, 8, 0, table=[0, 1], buckets=parts, splits=1, merges=0)
+    # The table swapped: bucket 0 now owns the odd hashes, but holds "even".
+    with pytest.raises(AssertionError, match="'even' hash 0x0 not in bucket 0"):
+        ExtendibleDirectory.assemble(4, 8, 0, table=[1, 0], buckets=parts, splits=1, merges=0)
 
 
 def test_state_needs_a_mapping_and_str_keys() -> None:

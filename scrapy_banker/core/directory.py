@@ -18,6 +18,15 @@ queue files stays bounded.  Because load also goes *down* (requests are
 popped), buddies merge back when together they hold at most ``capacity / 2``,
 and the directory halves when no bucket needs its last bit.
 
+This module is the algorithm and its queries.  Its JSON form
+(:mod:`scrapy_banker.core.directory_state`) and its invariant checker
+(:mod:`scrapy_banker.core.directory_check`) live next to it and use two seams
+only: :meth:`ExtendibleDirectory.layout`, a read-only view of the buckets,
+records and NArray typed by :class:`RecordView` and :class:`BucketView`, and
+:meth:`ExtendibleDirectory.assemble`, which builds a directory from plain
+parts and verifies it.  The hot path (``add``/``remove_load``) keeps its plain
+slotted objects; the views only narrow their type.
+
 Pure Python, no Scrapy: the scheduler learns about records changing bucket
 through :meth:`ExtendibleDirectory.on_move` listeners.
 """
@@ -25,52 +34,36 @@ through :meth:`ExtendibleDirectory.on_move` listeners.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "ExtendibleDirectory", "MoveListener"]
+__all__ = [
+    "BucketParts",
+    "BucketView",
+    "DirectoryLayout",
+    "ExtendibleDirectory",
+    "MoveListener",
+    "RecordView",
+]
 
 K = TypeVar("K", bound=Hashable)
 
 #: ``listener(key, old_bucket_id, new_bucket_id)``.
 MoveListener = Callable[[K, int, int], None]
 
-#: ``format``/``version`` fields of :meth:`ExtendibleDirectory.to_state`.
-STATE_FORMAT = "scrapy-banker/extendible-directory"
-STATE_VERSION = 1
-
 #: Hashes are unsigned 32-bit integers (BKDR gives 31 bits, murmur 32).
 HASH_BITS = 32
 _HASH_LIMIT = 1 << HASH_BITS
-
-_STATE_KEYS = frozenset(
-    {
-        "format",
-        "version",
-        "capacity",
-        "max_depth",
-        "cache_capacity",
-        "global_depth",
-        "splits",
-        "merges",
-        "directory",
-        "buckets",
-    }
-)
-_BUCKET_KEYS = frozenset({"id", "local_depth", "records", "cached"})
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
     allowed = (
         f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
     )
-    if not _is_int(value):
+    if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    assert isinstance(value, int)
     if value < minimum or (maximum is not None and value > maximum):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return int(value)
@@ -86,10 +79,95 @@ def _check_hash(h: object) -> int:
     raise ValueError(f"hash must be an integer from 0 to 2**{HASH_BITS} - 1, got {h!r}")
 
 
-def _require(condition: bool, message: str) -> None:
-    """``assert`` that survives ``python -O`` (from_state relies on it)."""
-    if not condition:
-        raise AssertionError(message)
+# -- read-only views and plain parts: what other modules see of the internals ------------------
+
+
+class RecordView(Protocol[K]):
+    """A record unit as :meth:`ExtendibleDirectory.layout` shows it (read-only).
+
+    ``h`` is the key's hash, ``load`` its pending requests; ``cached`` is true
+    while the record lives in the cache bucket (it still belongs to ``bucket``).
+    """
+
+    @property
+    def key(self) -> K: ...
+    @property
+    def h(self) -> int: ...
+    @property
+    def load(self) -> int: ...
+    @property
+    def cached(self) -> bool: ...
+    @property
+    def bucket(self) -> BucketView[K]: ...
+
+
+class BucketView(Protocol[K]):
+    """A bucket as :meth:`ExtendibleDirectory.layout` shows it (read-only).
+
+    ``depth`` is LL and ``pattern`` the low LL hash bits the bucket owns;
+    ``records`` are its resident records (in insertion order) and ``load`` their
+    summed load, ``cached`` its overflow records in the cache bucket and
+    ``cached_load`` theirs; ``cache_hint`` is a lower bound on the smallest
+    cached load.
+    """
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def pattern(self) -> int: ...
+    @property
+    def records(self) -> Mapping[K, RecordView[K]]: ...
+    @property
+    def cached(self) -> Mapping[K, RecordView[K]]: ...
+    @property
+    def load(self) -> int: ...
+    @property
+    def cached_load(self) -> int: ...
+    @property
+    def cache_hint(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class DirectoryLayout(Generic[K]):
+    """The directory's internals, read-only, as returned by :meth:`ExtendibleDirectory.layout`.
+
+    The mappings are read-only proxies of the live ones and the sequences
+    copies; buckets and records are the directory's own objects (so the
+    checker can compare identities).  Valid until the next update.
+    """
+
+    #: NArray: entry ``i`` is the bucket owning hashes whose low GL bits are ``i``.
+    table: Sequence[BucketView[K]]
+    #: ``2**GL - 1``: the bits of a hash that index ``table``.
+    mask: int
+    #: Live buckets by id.
+    buckets: Mapping[int, BucketView[K]]
+    #: Every record, resident or cached, by key.
+    records: Mapping[K, RecordView[K]]
+    #: The paper's cache bucket: overflow records by key.
+    cache: Mapping[K, RecordView[K]]
+    #: Number of live buckets per local depth, ``0..max_depth``.
+    depth_count: Sequence[int]
+    #: Freed bucket ids, a min-heap: ids are reused smallest first.
+    free_ids: Sequence[int]
+    #: Smallest id never allocated.
+    next_id: int
+
+
+@dataclass(frozen=True)
+class BucketParts(Generic[K]):
+    """One bucket for :meth:`ExtendibleDirectory.assemble`: its id, LL and the
+    ``(key, hash, load)`` of its resident and cached records, in order."""
+
+    id: int
+    local_depth: int
+    records: Sequence[tuple[K, int, int]]
+    cached: Sequence[tuple[K, int, int]]
+
+
+# -- the internals ---------------------------------------------------------------------------
 
 
 class _Record(Generic[K]):
@@ -584,253 +662,95 @@ class ExtendibleDirectory(Generic[K]):
             for key, old, new in moves:
                 listener(key, old, new)
 
-    # -- checking --------------------------------------------------------------------------
+    # -- seams: a read-only layout out, validated parts in -------------------------------------
 
-    def check_invariants(self) -> None:
-        """Raise ``AssertionError`` naming the first violated invariant.
-
-        Structure: NArray has ``2**GL`` entries, each pointing to a live bucket;
-        a bucket with LL = M is pointed to by exactly ``2**(GL-M)`` entries, all
-        ending in its M bits; GL = max LL (0 with a single bucket); the paper's
-        lookup (low GL bits, then the cache bucket if BNP = 1) finds every record.
-        Loads: bucket sums match; a bucket below ``max_depth`` with two or more
-        records is within ``capacity`` (else it would have split); buddies of
-        equal LL hold more than ``capacity / 2`` together (else they would have
-        merged).  Cache: only buckets at ``max_depth`` use it, BNP = 1 exactly
-        for them, and it holds at most ``cache_capacity`` records.
-        """
-        gl = self._gl
-        cap = self._capacity
-        _require(0 <= gl <= self._max_depth, f"GL {gl} outside 0..max_depth {self._max_depth}")
-        _require(len(self._dir) == 1 << gl, f"directory has {len(self._dir)} entries, GL={gl}")
-        _require(self._mask == (1 << gl) - 1, f"mask {self._mask:#x} does not match GL {gl}")
-        refs: dict[int, int] = {}
-        for i, b in enumerate(self._dir):
-            _require(self._buckets.get(b.id) is b, f"directory entry {i} -> dead bucket {b.id}")
-            _require(
-                i & ((1 << b.depth) - 1) == b.pattern,
-                f"directory entry {i} -> bucket {b.id} (LL={b.depth}, bits {b.pattern:b})",
-            )
-            refs[b.id] = refs.get(b.id, 0) + 1
-        depth_count = [0] * (self._max_depth + 1)
-        n_records = n_cached = 0
-        for bucket_id, b in self._buckets.items():
-            _require(b.id == bucket_id, f"bucket {b.id} filed under id {bucket_id}")
-            _require(0 <= b.depth <= gl, f"bucket {bucket_id} has LL={b.depth} > GL={gl}")
-            _require(0 <= b.pattern < 1 << b.depth, f"bucket {bucket_id} bits {b.pattern}")
-            n_refs = refs.get(bucket_id, 0)
-            _require(
-                n_refs == 1 << (gl - b.depth),
-                f"bucket {bucket_id} (LL={b.depth}, GL={gl}) has {n_refs} directory entries",
-            )
-            depth_count[b.depth] += 1
-            low = (1 << b.depth) - 1
-            for where, records in (("resident", b.records), ("cached", b.cached)):
-                total = 0
-                for key, r in records.items():
-                    _require(r.key == key, f"record {r.key!r} filed under {key!r}")
-                    _require(self._records.get(key) is r, f"{where} record {key!r} not indexed")
-                    _require(
-                        r.bucket is b, f"record {key!r} in bucket {bucket_id} points elsewhere"
-                    )
-                    _require(r.cached == (where == "cached"), f"record {key!r} cached flag")
-                    _require(
-                        r.h & low == b.pattern,
-                        f"record {key!r} hash {r.h:#x} not in bucket {bucket_id} "
-                        f"(LL={b.depth}, bits {b.pattern:b})",
-                    )
-                    _require(self._dir[r.h & self._mask] is b, f"lookup of {key!r} misses")
-                    _require(_is_int(r.load) and r.load >= 0, f"record {key!r} load {r.load!r}")
-                    total += r.load
-                    if where == "cached":
-                        _require(self._cache.get(key) is r, f"cached {key!r} not in cache bucket")
-                        _require(b.cache_hint <= r.load, f"bucket {bucket_id} cache hint too high")
-                stored = b.load if where == "resident" else b.cached_load
-                _require(total == stored, f"bucket {bucket_id} {where} load {stored} != {total}")
-            n_records += len(b.records) + len(b.cached)
-            n_cached += len(b.cached)
-            if b.cached:
-                _require(
-                    b.depth == self._max_depth,
-                    f"bucket {bucket_id} uses the cache bucket at LL={b.depth} < max_depth",
-                )
-            lg, bnp = self.flags(bucket_id)
-            _require(lg == int(b.depth == gl) and bnp == int(bool(b.cached)), "LG/BNP flags")
-            if b.depth < self._max_depth and len(b.records) >= 2:
-                _require(
-                    b.load <= cap,
-                    f"bucket {bucket_id} holds {len(b.records)} records, load {b.load} "
-                    f"> capacity {cap}, and did not split",
-                )
-            if b.depth:
-                buddy = self._dir[b.pattern ^ (1 << (b.depth - 1))]
-                if buddy.depth == b.depth:
-                    pair = b.load + b.cached_load + buddy.load + buddy.cached_load
-                    _require(
-                        pair * 2 > cap,
-                        f"buddies {bucket_id} and {buddy.id} hold {pair} <= capacity/2 "
-                        "and did not merge",
-                    )
-        _require(depth_count == self._depth_count, "per-depth bucket counts")
-        _require(gl == 0 or depth_count[gl] > 0, f"GL={gl} but no bucket has LL == GL")
-        _require(n_records == len(self._records), "records lost or duplicated across buckets")
-        _require(n_cached == len(self._cache), "cache bucket records lost or duplicated")
-        _require(len(self._cache) <= self._cache_capacity, "cache bucket over cache_capacity")
-        ids = set(self._buckets)
-        free = set(self._free_ids)
-        _require(not ids & free and len(free) == len(self._free_ids), "free bucket ids")
-        _require(ids | free == set(range(self._next_id)), "bucket ids out of range")
-        _require(self._next_id <= 1 << self._max_depth, "more bucket ids than 2**max_depth")
-        _require(self._splits >= 0 and self._merges >= 0, "split/merge counts")
-
-    # -- persistence -----------------------------------------------------------------------
-
-    def to_state(self) -> dict[str, Any]:
-        """JSON-serialisable snapshot; requires ``K = str`` (``ValueError`` otherwise).
-
-        ``from_state(to_state())`` is exact: same bucket ids, LL, directory,
-        records (in the same order, so later splits and overflows behave the
-        same), cache records and counters.  Free ids are not stored: they are
-        every id below the largest live one, which allocates ids in the same
-        order as the original.
-        """
-
-        def triples(records: dict[K, _Record[K]]) -> list[list[Any]]:
-            out: list[list[Any]] = []
-            for key, r in records.items():
-                if not isinstance(key, str):
-                    raise ValueError(f"to_state needs str keys, got {key!r}")
-                out.append([key, r.h, r.load])
-            return out
-
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "capacity": self._capacity,
-            "max_depth": self._max_depth,
-            "cache_capacity": self._cache_capacity,
-            "global_depth": self._gl,
-            "splits": self._splits,
-            "merges": self._merges,
-            "directory": [b.id for b in self._dir],
-            "buckets": [
-                {
-                    "id": bucket_id,
-                    "local_depth": b.depth,
-                    "records": triples(b.records),
-                    "cached": triples(b.cached),
-                }
-                for bucket_id, b in sorted(self._buckets.items())
-            ],
-        }
+    def layout(self) -> DirectoryLayout[K]:
+        """A read-only view of the internals, for the state codec and the checker."""
+        return DirectoryLayout(
+            table=tuple(self._dir),
+            mask=self._mask,
+            buckets=MappingProxyType(self._buckets),
+            records=MappingProxyType(self._records),
+            cache=MappingProxyType(self._cache),
+            depth_count=tuple(self._depth_count),
+            free_ids=tuple(self._free_ids),
+            next_id=self._next_id,
+        )
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> ExtendibleDirectory[str]:
-        """Rebuild a directory from :meth:`to_state`; ``ValueError`` on malformed state.
+    def assemble(
+        cls,
+        capacity: int,
+        max_depth: int,
+        cache_capacity: int,
+        *,
+        table: Sequence[int],
+        buckets: Sequence[BucketParts[K]],
+        splits: int,
+        merges: int,
+    ) -> ExtendibleDirectory[K]:
+        """Build a directory from its parts, then :meth:`check_invariants` it.
 
-        Every invariant of :meth:`check_invariants` is verified, so a state that
-        was edited or truncated is refused rather than loaded half-consistent.
+        ``table`` is NArray as bucket ids (``2**GL`` of them), ``buckets`` the
+        live buckets.  The parts must be well-formed: integers in range, bucket
+        ids distinct and each in ``table``, every entry of ``table`` one of
+        them, keys distinct (:func:`scrapy_banker.core.directory_state.from_state`
+        checks this of JSON input).  Whether they form a directory is then
+        verified: ``AssertionError`` if not.  Free ids are every id below the
+        largest live one that is not live, which allocates ids in the same order
+        as the directory the parts were taken from.
         """
-        try:
-            return cls._from_state(state)
-        except (AssertionError, KeyError, TypeError, IndexError) as exc:
-            raise ValueError(f"malformed directory state: {exc}") from exc
-
-    @staticmethod
-    def _from_state(state: Mapping[str, Any]) -> ExtendibleDirectory[str]:
-        def bad(message: str) -> ValueError:
-            return ValueError(f"malformed directory state: {message}")
-
-        if not isinstance(state, Mapping):
-            raise bad(f"expected a mapping, got {type(state).__name__}")
-        missing = _STATE_KEYS - state.keys()
-        extra = state.keys() - _STATE_KEYS
-        if missing or extra:
-            raise bad(f"missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
-        if state["format"] != STATE_FORMAT or state["version"] != STATE_VERSION:
-            raise bad(
-                f"format {state['format']!r} version {state['version']!r}, "
-                f"expected {STATE_FORMAT!r} version {STATE_VERSION}"
-            )
-        try:
-            d: ExtendibleDirectory[str] = ExtendibleDirectory(
-                state["capacity"], state["max_depth"], state["cache_capacity"]
-            )
-        except ValueError as exc:
-            raise bad(str(exc)) from None
-        gl = state["global_depth"]
-        if not _is_int(gl) or not 0 <= gl <= d._max_depth:
-            raise bad(f"global_depth {gl!r} not in 0..max_depth {d._max_depth}")
-        for name in ("splits", "merges"):
-            if not _is_int(state[name]) or state[name] < 0:
-                raise bad(f"{name} {state[name]!r} is not a non-negative integer")
-        directory = state["directory"]
-        if not isinstance(directory, list) or len(directory) != 1 << gl:
-            raise bad(f"directory must be a list of 2**global_depth = {1 << gl} bucket ids")
-        raw_buckets = state["buckets"]
-        if not isinstance(raw_buckets, list) or not raw_buckets:
-            raise bad("buckets must be a non-empty list")
+        d: ExtendibleDirectory[K] = cls(capacity, max_depth, cache_capacity)
+        first_entry: dict[int, int] = {}
+        for i, bucket_id in enumerate(table):
+            first_entry.setdefault(bucket_id, i)
         d._buckets = {}
         d._depth_count = [0] * (d._max_depth + 1)
-        first_entry: dict[Any, int] = {}
-        for i, bucket_id in enumerate(directory):
-            if not _is_int(bucket_id):
-                raise bad(f"directory entry {i} is {bucket_id!r}, not a bucket id")
-            first_entry.setdefault(bucket_id, i)
-        for raw in raw_buckets:
-            if not isinstance(raw, Mapping) or raw.keys() != _BUCKET_KEYS:
-                raise bad(f"each bucket needs exactly the keys {sorted(_BUCKET_KEYS)}")
-            bucket_id, depth = raw["id"], raw["local_depth"]
-            # Ids are reused smallest first, so every id ever allocated is below the
-            # peak bucket count, itself at most 2**max_depth.
-            if (
-                not _is_int(bucket_id)
-                or not 0 <= bucket_id < 1 << d._max_depth
-                or bucket_id in d._buckets
-            ):
-                raise bad(
-                    f"bucket id {bucket_id!r} is not a fresh integer from 0 to 2**max_depth - 1"
-                )
-            if not _is_int(depth) or not 0 <= depth <= gl:
-                raise bad(f"bucket {bucket_id} local_depth {depth!r} not in 0..{gl}")
-            if bucket_id not in first_entry:
-                raise bad(f"bucket {bucket_id} is not in the directory")
-            b: _Bucket[str] = _Bucket(bucket_id, depth, first_entry[bucket_id] & ((1 << depth) - 1))
-            d._buckets[bucket_id] = b
+        for part in buckets:
+            depth = part.local_depth
+            b: _Bucket[K] = _Bucket(part.id, depth, first_entry[part.id] & ((1 << depth) - 1))
+            d._buckets[part.id] = b
             d._depth_count[depth] += 1
-            for field, target in (("records", b.records), ("cached", b.cached)):
-                triples = raw[field]
-                if not isinstance(triples, list):
-                    raise bad(f"bucket {bucket_id} {field} must be a list")
-                for triple in triples:
-                    if not (isinstance(triple, list) and len(triple) == 3):
-                        raise bad(f"bucket {bucket_id} record {triple!r} is not [key, hash, load]")
-                    key, h, load = triple
-                    if not isinstance(key, str) or key in d._records:
-                        raise bad(f"record key {key!r} is not a str or is duplicated")
-                    if not _is_int(h) or not 0 <= h < _HASH_LIMIT:
-                        raise bad(f"record {key!r} hash {h!r} is not a 32-bit unsigned int")
-                    if not _is_int(load) or load < 0:
-                        raise bad(f"record {key!r} load {load!r} is not a non-negative int")
-                    rec = _Record(key, h, load, b)
-                    target[key] = rec
-                    d._records[key] = rec
-                    if field == "cached":
-                        rec.cached = True
-                        d._cache[key] = rec
-                        b.cached_load += load
-                    else:
-                        b.load += load
+            for key, h, load in part.records:
+                b.records[key] = d._records[key] = _Record(key, h, load, b)
+                b.load += load
+            for key, h, load in part.cached:
+                rec = _Record(key, h, load, b)
+                rec.cached = True
+                b.cached[key] = d._records[key] = d._cache[key] = rec
+                b.cached_load += load
             b.cache_hint = min((r.load for r in b.cached.values()), default=0)
-        unknown = set(first_entry) - set(d._buckets)
-        if unknown:
-            raise bad(f"directory points to unknown bucket ids {sorted(unknown)[:10]}")
-        d._dir = [d._buckets[i] for i in directory]
-        d._gl = gl
-        d._mask = (1 << gl) - 1
-        d._splits = state["splits"]
-        d._merges = state["merges"]
+        d._dir = [d._buckets[i] for i in table]
+        d._gl = len(table).bit_length() - 1
+        d._mask = (1 << d._gl) - 1
+        d._splits = splits
+        d._merges = merges
         d._next_id = max(d._buckets) + 1
         d._free_ids = [i for i in range(d._next_id) if i not in d._buckets]  # sorted: a heap
         d.check_invariants()
         return d
+
+    # Persistence and checking live in their own modules, imported on use (they
+    # import this one); these methods keep them one call away from a directory.
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming the first violated invariant; see
+        :func:`scrapy_banker.core.directory_check.check_invariants`."""
+        from scrapy_banker.core.directory_check import check_invariants
+
+        check_invariants(self)
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-serialisable snapshot; requires ``K = str`` (``ValueError`` otherwise).
+        See :func:`scrapy_banker.core.directory_state.to_state`."""
+        from scrapy_banker.core.directory_state import to_state
+
+        return to_state(self)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> ExtendibleDirectory[str]:
+        """Rebuild a directory from :meth:`to_state`; ``ValueError`` on malformed state.
+        See :func:`scrapy_banker.core.directory_state.from_state`."""
+        from scrapy_banker.core.directory_state import from_state
+
+        return from_state(state)

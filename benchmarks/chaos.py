@@ -78,7 +78,7 @@ How it is measured
     * ``duplicates_bound``: the sum, over the ``worker_kill`` and ``zombie``
       events, of the requests the victim held un-acked at that moment: the
       leases in the partitions the table gives it, read with the operator's
-      read model (:func:`scrapy_banker.ops.fleet.read_fleet`, node
+      read model (:func:`scrapy_banker.ops.fleet_view.read_fleet`, node
       ``leased``) right after the SIGKILL / SIGSTOP, when nothing can have
       changed them yet.  Those are exactly the requests that are delivered
       again (each at most once per event): the ones in flight at the farm,
@@ -104,7 +104,7 @@ How it is measured
       ``zombie_stale_fetch_delay_s`` how soon after SIGCONT the zombies'
       foreign fetches happened.
     * ``dead_lettered``: the crawl's dead letters read through the read model
-      (:func:`scrapy_banker.ops.fleet.list_dead_letters`): ``count``,
+      (:func:`scrapy_banker.ops.fleet_deadletters.list_dead_letters`): ``count``,
       ``reasons`` (count per reason), ``planted`` / ``planted_found`` (the
       ids :meth:`RedisFrontier.enqueue` returned for the garbage payloads,
       and how many of them are dead letters) and ``letters`` (the first few,
@@ -437,7 +437,7 @@ class Chaos:
 
     def _held(self, node: str) -> tuple[int, bool]:
         """Leases in the partitions ``node`` owns (the read model), or the worst case."""
-        from scrapy_banker.ops.fleet import read_fleet
+        from scrapy_banker.ops.fleet_view import read_fleet
 
         try:
             view = read_fleet(self.client, self.frontier.keyspace, node_timeout_s=NODE_TIMEOUT_S)
@@ -761,7 +761,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One soak; returns the JSON object."""
-    from scrapy_banker.ops.fleet import list_dead_letters
+    from scrapy_banker.ops.fleet_deadletters import list_dead_letters
     from scrapy_banker.testing.farm import FarmConfig, WebFarm
     from scrapy_banker.testing.redis_server import RedisServer
 

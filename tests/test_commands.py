@@ -30,7 +30,7 @@ from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_banker.core.hashing import bkdr
 from scrapy_banker.core.journal import parse_enqueue
-from scrapy_banker.ops.fleet import read_fleet
+from scrapy_banker.ops.fleet_view import read_fleet
 from scrapy_banker.ops.jobdir_view import jobdir_directory
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.keys import Keyspace

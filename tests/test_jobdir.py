@@ -40,7 +40,6 @@ from scrapy_banker.core.journal import (
 from scrapy_banker.ops.jobdir_view import find_in_jobdir, read_jobdir
 from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler import jobdir as jobdir_module
-from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 SCRAPY_VERSION = tuple(int(x) for x in scrapy.__version__.split(".")[:2])
@@ -341,61 +340,32 @@ def test_malformed_journal_entries_are_dead_lettered(tmp_path: Path) -> None:
     assert len((tmp_path / "job" / "banker-deadletter.jsonl").read_text().splitlines()) == 2
 
 
-# -- the clean-stop-only layout of the previous version ----------------------------------------
+# -- the operator's view: explain against a JOBDIR ----------------------------------------
 
 
-def _legacy_save(scheduler: Any, path: Path) -> int:
-    """The previous version's ``JobDir.save``: ``state.json`` + one JSON-lines file per bucket."""
-    codec = RequestCodec()
-    queue = scheduler.queue
-    (path / "queues").mkdir(parents=True)
-    saved = 0
-    for entry in queue.entries():
-        bucket = queue.directory.bucket_of(entry.key)
-        line = {
-            "request": json.loads(codec.encode(entry.item, scheduler.spider)),
-            "topic": entry.topic, "slot": entry.slot, "key": entry.key,
-            "hash": entry.key_hash, "priority": entry.priority, "seq": entry.seq,
-        }  # fmt: skip
-        with (path / "queues" / f"{bucket}.jsonl").open("a") as f:
-            f.write(json.dumps(line, separators=(",", ":")) + "\n")
-        saved += 1
-    state = {"version": 1, "pending": saved, "topics": queue.topics.to_state(),
-             "directory": queue.directory.to_state()}  # fmt: skip
-    (path / "state.json").write_text(json.dumps(state))
-    return saved
-
-
-def test_a_jobdir_of_the_previous_version_still_resumes(tmp_path: Path) -> None:
-    old = _open(tmp_path / "old", engine=False, JOBDIR="")
-    spider = old.spider
+def test_explain_finds_a_pending_request_by_fingerprint_and_a_done_one_in_the_seen_set(
+    tmp_path: Path,
+) -> None:
+    first = _open(tmp_path)
+    spider = first.spider
     for i in range(20):
-        old.enqueue_request(_req(i, callback=spider.parse_page, cb_kwargs={"i": i}))
-    done = [old.next_request() for _ in range(5)]
+        first.enqueue_request(_req(i, callback=spider.parse_page, cb_kwargs={"i": i}))
+    done = _dispatch(first, 5)
+    _finish(first, done)
+    first.close("shutdown")
     job = tmp_path / "job"
-    assert _legacy_save(old, job / "banker") == 15
-    # Its seen set: Scrapy's requests.seen.
-    fingerprinter = old.crawler.request_fingerprinter
-    _write_seen(job / "requests.seen", [fingerprinter.fingerprint(_req(i)) for i in range(20)])
-    # A malformed entry in one bucket file, as the old reader dead-lettered it.
-    victim = sorted((job / "banker" / "queues").iterdir())[0]
-    victim.write_text(victim.read_text() + "{not json\n")
-    assert read_jobdir(str(job)).queued == 15  # the reader still reads the old layout
+    fingerprinter = first.crawler.request_fingerprinter
 
-    resumed = _open(tmp_path)
-    assert resumed.stats.get_value("banker/jobdir/restored") == 15
-    assert resumed.stats.get_value("banker/jobdir/malformed") == 1
-    resumed.directory.check_invariants()
-    assert not (job / "banker" / "state.json").exists()
-    assert (job / "banker" / "snapshot.jsonl").exists()
-    # Fetched before the stop: still seen, from requests.seen.
-    assert not resumed.enqueue_request(done[0].replace())
-    # explain on the new layout: a pending request, found by its fingerprint.
+    def fingerprint(r: Request) -> str:
+        return str(fingerprinter.fingerprint(r).hex())
+
     pending = next(_req(i) for i in range(20) if _req(i).url not in {r.url for r in done})
-    found = find_in_jobdir(str(job), pending, 0, lambda r: fingerprinter.fingerprint(r).hex())
+    found = find_in_jobdir(str(job), pending, 0, fingerprint)
     assert found.state == "queued" and found.seen is True and found.entry is not None
-    assert find_in_jobdir(str(job), done[0], 0,
-                          lambda r: fingerprinter.fingerprint(r).hex()).state == "done"  # fmt: skip
+    assert found.bucket == found.entry.bucket and found.ahead is not None
+    assert find_in_jobdir(str(job), done[0], 0, fingerprint).state == "done"
+    assert find_in_jobdir(str(job), _req(1000), 0, fingerprint).state == "unknown"
+    resumed = _open(tmp_path)
     rest = list(iter(resumed.next_request, None))
     assert sorted(r.url for r in rest) == sorted({_req(i).url for i in range(20)}
                                                  - {r.url for r in done})  # fmt: skip

@@ -14,9 +14,9 @@ from scrapy.utils.test import get_crawler
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from scrapy_banker.core.meta import META_PROBE as PROBE_META
 from scrapy_banker.net.netstats import LinkStats
 from scrapy_banker.scheduler.netaware import (
-    PROBE_META,
     NetworkMeasureMiddleware,
     Prober,
     link_stats,

@@ -287,10 +287,6 @@ class Frontier(Generic[T]):
         return MappingProxyType(self._pending)
 
     @property
-    def blocked_slots(self) -> int:
-        return len(self._blocked)
-
-    @property
     def lanes(self) -> int:
         return len(self._lanes)
 
@@ -299,6 +295,3 @@ class Frontier(Generic[T]):
         for lane in self._lanes.values():
             for _, _, entry in sorted(lane.heap, key=lambda e: e[1]):
                 yield entry
-
-    def pending_by_topic(self) -> dict[str, int]:
-        return {state.name: state.pending for state in self.topics}

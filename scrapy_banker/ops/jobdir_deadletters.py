@@ -12,8 +12,8 @@ putting the ones that carry a journal record back into the JOBDIR's journal.
   requeued; it is listed, and a requeue leaves it and says why.
 
 A letter's request payload is checked with the project's JSON codec and no
-spider, as :func:`scrapy_banker.ops.fleet.describe_payload` checks a
-fleet's: callback and errback names are set aside (only
+spider, as a fleet's is (:func:`~scrapy_banker.ops.payloads.check_payload`):
+callback and errback names are set aside (only
 :func:`~scrapy_banker.scheduler.serialize.method_name_problem` is asked about them --
 whether the spider has the method is known only to the crawl), the rest must
 decode.  What the codec refuses is the letter's ``payload_error``; such a
@@ -49,10 +49,8 @@ dupefilter, so the requests are fetched, once.
 ``count``: the first N letters that can be requeued, in file order (None:
 all); the letters that cannot, met on the way, are reported and left.
 
-Only the snapshot + journal layout can be requeued into: a JOBDIR still in
-the clean-stop-only layout (``banker/state.json``) must be resumed once by
-this version first.  Everything here is typed and free of Scrapy beyond the
-codec; the command (:mod:`scrapy_banker.ops.commands.deadletters`) only prints.
+Everything here is typed and free of Scrapy beyond the codec; the command
+(:mod:`scrapy_banker.ops.commands.deadletters`) only prints.
 """
 
 from __future__ import annotations
@@ -64,8 +62,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.core.journal import Enqueued, JournalState, enqueue_line, parse_enqueue
+from scrapy_banker.ops.payloads import check_payload
 from scrapy_banker.scheduler.jobdir import SNAPSHOT, JobdirLock, journal_name, replay
-from scrapy_banker.scheduler.serialize import MalformedPayload, RequestCodec, method_name_problem
+from scrapy_banker.scheduler.serialize import RequestCodec
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -76,7 +75,6 @@ __all__ = [
     "JobdirLetter",
     "RequeueOutcome",
     "RequeuePlan",
-    "check_payload",
     "journal_dir",
     "list_letters",
     "parse_letter",
@@ -149,30 +147,6 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def check_payload(payload: str, codec: RequestCodec) -> tuple[dict[str, Any] | None, str | None]:
-    """The payload's JSON object (long keys) and why the codec refuses it (None: it decodes).
-
-    Checked without a spider: callback and errback names are set aside, and
-    only names that can never resolve are an error.
-    """
-    try:
-        raw = codec.payload_dict(payload)
-    except MalformedPayload as exc:
-        return None, str(exc)
-    bare = {k: v for k, v in raw.items() if k not in ("callback", "errback")}
-    error: str | None = None
-    try:
-        codec.decode(json.dumps(bare))
-    except MalformedPayload as exc:
-        error = str(exc)
-    for name in ("callback", "errback"):
-        value = raw.get(name)
-        problem = None if value is None else method_name_problem(value)
-        if problem is not None:
-            error = error or f"{name} {value!r} {problem}"
-    return raw, error
-
-
 def parse_letter(line: int, text: str, codec: RequestCodec) -> JobdirLetter:
     """Read one dead letter (``text`` without its newline); never raises."""
     try:
@@ -202,8 +176,8 @@ def parse_letter(line: int, text: str, codec: RequestCodec) -> JobdirLetter:
     except ValueError as exc:
         return replace(
             letter,
-            why_not=f"its payload is not a journal E record ({exc}): a malformed line, or an "
-            "entry of the clean-stop-only layout; nothing to queue",
+            why_not=f"its payload is not a journal E record ({exc}): a malformed line; "
+            "nothing to queue",
         )
     raw, payload_error = check_payload(record.payload, codec)
     raw = raw or {}
@@ -249,37 +223,19 @@ def pending_fingerprints(state: JournalState) -> dict[str, int]:
     return {fp: seq for seq, fp in state.live.items() if fp}
 
 
-def _layout(jobdir: str) -> tuple[str, bool]:
-    """``(jobdir/banker, whether it holds a snapshot or a journal)``; ``ValueError`` in one line
-    if it holds neither nor the clean-stop-only layout."""
+def journal_dir(jobdir: str) -> str:
+    """``jobdir/banker``; ``ValueError`` in one line if it holds neither a snapshot nor a
+    journal (no scrapy-banker JOBDIR)."""
     if not os.path.isdir(jobdir):
         raise ValueError(f"no JOBDIR at {jobdir}")
     path = os.path.join(jobdir, "banker")
     names = set(os.listdir(path)) if os.path.isdir(path) else set()
     if SNAPSHOT in names or any(n.startswith("journal-") for n in names):
-        return path, True
-    if "state.json" in names:
-        return path, False
+        return path
     raise ValueError(
         f"{jobdir} holds no scrapy-banker journal (neither banker/{SNAPSHOT} nor a "
         "banker/journal-*.jsonl: the crawl used another scheduler, or never started)"
     )
-
-
-def journal_dir(jobdir: str, *, writing: bool = False) -> str:
-    """``jobdir/banker``; ``ValueError`` in one line if there is no scrapy-banker JOBDIR.
-
-    ``writing``: the snapshot + journal layout is required (a requeue appends
-    to its journal); the clean-stop-only layout is only read.
-    """
-    path, journaled = _layout(jobdir)
-    if writing and not journaled:
-        raise ValueError(
-            f"{jobdir} is in the clean-stop-only layout of an earlier scrapy-banker "
-            "(banker/state.json, no journal): resume the crawl once with this version "
-            "(it converts the layout), then requeue"
-        )
-    return path
 
 
 def list_letters(jobdir: str, codec: RequestCodec | None = None) -> list[JobdirLetter]:
@@ -287,10 +243,8 @@ def list_letters(jobdir: str, codec: RequestCodec | None = None) -> list[JobdirL
 
     Reads only (no lock): during a crawl this is a view of a moving JOBDIR.
     """
-    path, journaled = _layout(jobdir)
+    path = journal_dir(jobdir)
     letters = read_letters(jobdir, codec)
-    if not journaled:
-        return letters  # the clean-stop-only layout: no journal to replay
     pending = pending_fingerprints(replay(path)[0])
     return [
         replace(d, queued_as=pending.get(d.fingerprint)) if d.fingerprint else d for d in letters
@@ -397,7 +351,7 @@ def requeue(jobdir: str, count: int | None, codec: RequestCodec | None = None) -
     :class:`~scrapy_banker.scheduler.jobdir.JobdirLocked` if a crawl holds the
     JOBDIR; nothing is changed in either case.
     """
-    path = journal_dir(jobdir, writing=True)
+    path = journal_dir(jobdir)
     lock = JobdirLock(jobdir)
     lock.acquire()
     try:

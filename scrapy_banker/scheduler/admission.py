@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from scrapy_banker.core.banker import BankersState
-
-# The keys live in scrapy_banker.core.meta; re-exported here for existing importers.
-from scrapy_banker.core.meta import META_FINISH as META_FINISH
-from scrapy_banker.core.meta import META_GRANT as META_GRANT
-from scrapy_banker.core.meta import META_HOLD as META_HOLD
-from scrapy_banker.core.meta import META_MAX as META_MAX
-from scrapy_banker.core.meta import META_NEED as META_NEED
-from scrapy_banker.core.meta import META_TASK as META_TASK
+from scrapy_banker.core.meta import (
+    META_FINISH,
+    META_GRANT,
+    META_HOLD,
+    META_MAX,
+    META_NEED,
+    META_TASK,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request

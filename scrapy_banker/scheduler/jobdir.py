@@ -1,9 +1,9 @@
 """JOBDIR persistence of the local queue: a snapshot and an append-only journal, never pickle.
 
-Why a journal: Scrapy's JOBDIR (and this module before it) saved the queue
-only at a clean stop, so a ``kill -9`` left ``requests.seen`` full of URLs
-whose requests were never written -- they were neither fetched nor ever
-queued again.  Now every request is written when it is queued, and every
+Why a journal: a queue saved only at a clean stop (as Scrapy's JOBDIR saves
+it) loses work to a ``kill -9``: ``requests.seen`` is then full of URLs
+whose requests were never written -- they are neither fetched nor ever
+queued again.  Here every request is written when it is queued, and every
 completion when its callback's output has been scheduled, so whatever
 moment the process dies at, a resume rebuilds the queue and the seen set
 from the same records (see :mod:`scrapy_banker.core.journal` for the records and
@@ -30,11 +30,8 @@ and while crawling when the journal has as many records as the snapshot
 (and at least :data:`COMPACT_MIN_RECORDS`), which bounds the journal by the
 size of the state rather than by the crawl's length.
 
-A JOBDIR written by the clean-stop-only version (``banker/state.json`` and
-``banker/queues/*.jsonl``, whose seen set is Scrapy's ``requests.seen``) is
-converted to a snapshot on the first resume.  Entries that cannot be written
-or read back are logged, counted and kept in ``JOBDIR/banker-deadletter.jsonl``
--- outside ``banker/``.
+Entries that cannot be written or read back are logged, counted and kept
+in ``JOBDIR/banker-deadletter.jsonl`` -- outside ``banker/``.
 
 One process at a time: a crawl holds the advisory lock ``banker/lock``
 (``flock``, exclusive, never waited for) from :meth:`JobDir.restore` to
@@ -53,7 +50,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -89,18 +85,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "COMPACT_MIN_RECORDS",
-    "LEGACY_STATE_VERSION",
-    "STATE_VERSION",
     "JobDir",
     "JobdirLock",
     "JobdirLocked",
-    "read_seen_file",
 ]
 
-#: Version of the clean-stop-only layout (``state.json`` + ``queues/``), still read.
-LEGACY_STATE_VERSION = 1
-#: Kept for readers importing the old name.
-STATE_VERSION = LEGACY_STATE_VERSION
 #: A journal shorter than this is never compacted while crawling (a setting
 #: candidate, ``BANKER_JOBDIR_COMPACT_MIN``; a module constant until then).
 COMPACT_MIN_RECORDS = 100_000
@@ -174,30 +163,6 @@ class JobdirLock:
             os.close(fd)  # closing the last descriptor of the open file drops the flock
 
 
-def read_seen_file(path: str) -> set[str] | None:
-    """Hex fingerprints in Scrapy's ``requests.seen`` (None: no such file).
-
-    Scrapy >= 2.14 writes each fingerprint as a 2-byte big-endian length and
-    its bytes; older versions one hex fingerprint per line.  Both are read.
-    """
-    if not os.path.exists(path):
-        return None
-    with open(path, "rb") as f:
-        data = f.read()
-    out: set[str] = set()
-    i = 0
-    while i + 2 <= len(data):
-        size = int.from_bytes(data[i : i + 2], "big")
-        if not 0 < size <= 64 or i + 2 + size > len(data):
-            break
-        out.add(data[i + 2 : i + 2 + size].hex())
-        i += 2 + size
-    if i == len(data):
-        return out
-    text = data.decode("ascii", errors="replace")
-    return {line.strip() for line in text.splitlines() if line.strip()}
-
-
 def read_lines(path: str) -> Iterator[str]:
     """A file's lines with their newlines (none if it does not exist)."""
     try:
@@ -259,8 +224,6 @@ class JobDir:
         self.root = jobdir
         self.path = os.path.join(jobdir, "banker")
         self.snapshot_path = os.path.join(self.path, SNAPSHOT)
-        self.legacy_state_path = os.path.join(self.path, "state.json")
-        self.seen_path = os.path.join(jobdir, "requests.seen")
         self.deadletter_path = os.path.join(jobdir, "banker-deadletter.jsonl")
         self.codec = codec
         self.stats = stats
@@ -416,9 +379,9 @@ class JobDir:
         holds it; released by :meth:`close_journal`, or here if the restore
         fails -- after which this object writes nothing, since Scrapy closes
         the scheduler of a crawl that failed to open) and opens the journal
-        for appending.  A journal that was replayed (a crash), a truncated or
-        malformed line, or an old-layout JOBDIR is compacted at once, so the
-        new run appends to a clean file.
+        for appending.  A journal that was replayed (a crash), or a truncated
+        or malformed line, is compacted at once, so the new run appends to a
+        clean file.
         """
         os.makedirs(self.path, exist_ok=True)
         try:
@@ -438,10 +401,6 @@ class JobDir:
     ) -> tuple[int, set[str]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.snapshot_path + ".tmp")  # a compaction cut short
-        converted = False
-        if not os.path.exists(self.snapshot_path) and os.path.exists(self.legacy_state_path):
-            self._convert_legacy(spider)
-            converted = True
         state, files = replay(self.path)
         header = state.header or {}
         self.generation = int(header.get("generation", 0))
@@ -456,7 +415,7 @@ class JobDir:
         replayed = state.journal_records
         # After a crash the new snapshot is written in the same pass as the queue is rebuilt.
         out = None
-        if converted or replayed or state.truncated or state.malformed or state.header is None:
+        if replayed or state.truncated or state.malformed or state.header is None:
             out = self._new_snapshot(state, queue.topics.to_state(), None)
         dropped: set[int] = set()
         restored = 0
@@ -515,60 +474,3 @@ class JobDir:
                      name, lineno, error, self.deadletter_path)  # fmt: skip
         self._dead_letter({"file": name, "line": lineno, "error": error,
                            "payload": text.rstrip("\n"), "when": "restore"})  # fmt: skip
-
-    def _convert_legacy(self, spider: Spider | None) -> None:
-        """Turn a clean-stop-only JOBDIR (``state.json`` + ``queues/``) into a snapshot.
-
-        Its seen set was Scrapy's ``requests.seen``, consistent with the
-        queue at that clean stop: the fingerprints become the snapshot's
-        completed set.  Malformed entries are dead-lettered as before.
-        """
-        with open(self.legacy_state_path, encoding="utf-8") as f:
-            state = json.load(f)
-        if state.get("version") != LEGACY_STATE_VERSION:
-            raise ValueError(
-                f"{self.legacy_state_path}: unsupported state version "
-                f"{state.get('version')!r} (this scrapy-banker reads version "
-                f"{LEGACY_STATE_VERSION})"
-            )
-        lines: list[str] = []
-        pending_fps: set[str] = set()
-        malformed = 0
-        next_seq = 0
-        queues = os.path.join(self.path, "queues")
-        for name in sorted(os.listdir(queues)) if os.path.isdir(queues) else []:
-            for lineno, line in enumerate(read_lines(os.path.join(queues, name)), 1):
-                try:
-                    rec = json.loads(line)
-                    payload = json.dumps(rec["request"], separators=(",", ":"))
-                    request = self.codec.decode(payload, spider)
-                    fp = "" if request.dont_filter or self.fingerprint is None else (
-                        self.fingerprint(request))  # fmt: skip
-                    seq = int(rec["seq"])
-                    lines.append(enqueue_line(seq, fp, str(rec["topic"]), str(rec["slot"]),
-                                              str(rec["key"]), int(rec["hash"]),
-                                              int(rec["priority"]), payload))  # fmt: skip
-                except (ValueError, KeyError, TypeError, MalformedPayload) as exc:
-                    malformed += 1
-                    self._malformed(name, lineno, str(exc), line)
-                    continue
-                pending_fps.add(fp)
-                next_seq = max(next_seq, seq + 1)
-        done = (read_seen_file(self.seen_path) or set()) - pending_fps
-        directory = state.get("directory") if not malformed else None
-        tmp = self.snapshot_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8", newline="") as out:
-            out.write(header_line(0, next_seq, len(lines), len(done), state.get("topics"),
-                                  directory))  # fmt: skip
-            out.writelines(seen_lines(done))
-            out.writelines(lines)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.snapshot_path)
-        self._fsync_dir()
-        os.unlink(self.legacy_state_path)
-        shutil.rmtree(queues, ignore_errors=True)
-        if malformed:
-            self.stats.inc_value("banker/jobdir/malformed", malformed)
-        logger.info("Converted the clean-stop JOBDIR layout of %s (%d pending requests) to "
-                    "a snapshot and journal", self.path, len(lines))  # fmt: skip

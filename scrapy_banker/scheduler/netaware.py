@@ -42,11 +42,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["NetworkMeasureMiddleware", "Prober", "link_stats", "site_of"]
 
-#: Meta key of a probe request; the value is the probed site.  Declared in
-#: :mod:`scrapy_banker.core.meta`; this name stays for existing importers.
-PROBE_META = META_PROBE
-_T0_META = META_NET_T0
-
 _LINKS: weakref.WeakKeyDictionary[Crawler, LinkStats] = weakref.WeakKeyDictionary()
 
 
@@ -89,13 +84,13 @@ class NetworkMeasureMiddleware:
         return cls(link_stats(crawler), crawler.stats)
 
     def process_request(self, request: Request, spider: Spider | None = None) -> None:
-        request.meta[_T0_META] = time.monotonic()
+        request.meta[META_NET_T0] = time.monotonic()
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Response:
         latency = request.meta.get("download_latency")
-        t0 = request.meta.get(_T0_META)
+        t0 = request.meta.get(META_NET_T0)
         if not isinstance(latency, (int, float)) or not isinstance(t0, float):
             return response  # cached or synthesised response: nothing was measured
         elapsed = max(time.monotonic() - t0, float(latency))
@@ -106,7 +101,7 @@ class NetworkMeasureMiddleware:
             self.stats.inc_value("banker/net/rejected_samples")
             return response
         self.stats.inc_value("banker/net/samples")
-        if request.meta.get(PROBE_META):
+        if request.meta.get(META_PROBE):
             self.stats.inc_value("banker/net/probe_responses")
         return response
 
@@ -203,7 +198,7 @@ class Prober:
             url,
             dont_filter=True,
             meta={
-                PROBE_META: site,
+                META_PROBE: site,
                 "dont_retry": True,
                 "dont_redirect": True,
                 "handle_httpstatus_all": True,

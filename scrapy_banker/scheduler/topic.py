@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from scrapy_banker.core.meta import META_TOPIC as META_TOPIC  # re-exported for existing importers
+from scrapy_banker.core.meta import META_TOPIC
 from scrapy_banker.settings import _TOPIC_NAME_RE
 
 if TYPE_CHECKING:

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     from scrapy_banker.net.partitions import PartitionTable
-    from scrapy_banker.ops.fleet import count_partitions, handover_waits
+    from scrapy_banker.ops.fleet_view import count_partitions, handover_waits
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.redis.registry import NodeRegistry
     from scrapy_banker.settings import load_placement_config
@@ -141,7 +141,7 @@ def _report(
     mode: str,
     costs: dict[str, Any],
 ) -> dict[str, Any]:
-    from scrapy_banker.ops.fleet import SCHEMA_VERSION
+    from scrapy_banker.ops.fleet_view import SCHEMA_VERSION
 
     names = sorted(set(live) | {o for o in before.owners if o is not None})
     nodes = []

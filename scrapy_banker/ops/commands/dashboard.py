@@ -4,7 +4,7 @@ Serves :mod:`scrapy_banker.ops.dashboard` on ``--bind`` (127.0.0.1 unless told
 otherwise) and ``--port``, prints its URL and runs until Ctrl-C.  The fleet is
 found like the crawl finds it: ``REDIS_URL`` (or ``REDIS_HOST``/...) and
 ``BANKER_REDIS_PREFIX`` with ``%(spider)s`` the SPIDER argument; it is read
-through :func:`scrapy_banker.ops.fleet.read_fleet`, the read model
+through :func:`scrapy_banker.ops.fleet_view.read_fleet`, the read model
 ``scrapy banker status`` shows too.  Redis unreachable at start-up, a port in
 use or a bad option is one line on stderr and exit code 2; once running, a
 Redis outage is shown on the page (the last numbers, marked stale) and the
@@ -101,24 +101,21 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     # seconds, and once running each refresh is a fresh attempt anyway.
     client, keyspace = connect(settings, opts)
 
-    from scrapy_banker.ops import fleet as inspect
+    from scrapy_banker.ops.fleet_deadletters import list_dead_letters, requeue_dead_letters
+    from scrapy_banker.ops.fleet_view import read_fleet
 
     def read() -> dict[str, Any]:
-        fleet = inspect.read_fleet(
+        fleet = read_fleet(
             client, keyspace, node_timeout_s=node_timeout, placement_mode=placement_mode
         )
         letters = (
-            inspect.list_dead_letters(client, keyspace, limit=DEAD_LETTERS_SHOWN)
-            if fleet.dead
-            else []
+            list_dead_letters(client, keyspace, limit=DEAD_LETTERS_SHOWN) if fleet.dead else []
         )
         return {"fleet": fleet.to_json(), "dead_letters": [d.to_json() for d in letters]}
 
     def requeue(count: int | None) -> int:
-        letters = inspect.list_dead_letters(client, keyspace, limit=count)
-        result = inspect.requeue_dead_letters(
-            client, keyspace, letters, node_timeout_s=node_timeout
-        )
+        letters = list_dead_letters(client, keyspace, limit=count)
+        result = requeue_dead_letters(client, keyspace, letters, node_timeout_s=node_timeout)
         return len(result.requeued)
 
     try:

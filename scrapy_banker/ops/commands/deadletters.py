@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.ops.fleet import DeadLetter
+    from scrapy_banker.ops.fleet_deadletters import DeadLetter
     from scrapy_banker.ops.jobdir_deadletters import JobdirLetter, RequeueOutcome
     from scrapy_banker.scheduler.serialize import RequestCodec
 
@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
-    from scrapy_banker.ops.fleet import SCHEMA_VERSION, list_dead_letters, requeue_dead_letters
+    from scrapy_banker.ops.fleet_deadletters import list_dead_letters, requeue_dead_letters
+    from scrapy_banker.ops.fleet_view import SCHEMA_VERSION
 
     requeue = None if opts.requeue is None else _count(opts.requeue)
     if opts.limit is not None and opts.limit < 1:

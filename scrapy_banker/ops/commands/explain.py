@@ -3,8 +3,8 @@
 The URL is classified by the crawl's own code (topic rules, queue key, BKDR
 hash, partition) and looked up by the fingerprint of Scrapy's request
 fingerprinter -- the one the crawl deduplicates on -- in its partition's seen
-set, queue, leases and dead letters (a fleet), or in a JOBDIR's saved bucket
-and Scrapy's ``requests.seen`` (a single node).  The sentence saying why it
+set, queue, leases and dead letters (a fleet), or among a JOBDIR's pending
+requests, dead letters and seen set (a single node).  The sentence saying why it
 waits is built only from what was read: the owner's heartbeat, the
 hand-over fence, the owner's telemetry (its slot for the host, the topics it
 serves, its admission gate), the queue ahead of it.  Reads only.
@@ -116,7 +116,7 @@ def _explain_fleet(
     config: BankerConfig,
     fingerprint: str,
 ) -> dict[str, Any]:
-    from scrapy_banker.ops.fleet import explain_url
+    from scrapy_banker.ops.explain import explain_url
 
     rconfig = redis_settings(settings, opts)
     client, keyspace = connect(settings, opts)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.ops.fleet import FleetView
+    from scrapy_banker.ops.fleet_view import FleetView
     from scrapy_banker.ops.jobdir_view import JobdirView
 
 HELP = "Show a crawl's state: a node's JOBDIR, or a Redis fleet (nodes, partitions, topics)"
@@ -68,7 +68,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
         else:
             _print_jobdir(view)
         return 0
-    from scrapy_banker.ops.fleet import read_fleet
+    from scrapy_banker.ops.fleet_view import read_fleet
     from scrapy_banker.settings import load_placement_config
 
     config = redis_settings(settings, opts)

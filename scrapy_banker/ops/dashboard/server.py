@@ -84,7 +84,7 @@ def topic_pages(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     """``{node: {topic: cumulative pages}}`` from the nodes' published telemetry.
 
     ``snapshot["fleet"]`` is :meth:`FleetView.to_json()
-    <scrapy_banker.ops.fleet.FleetView.to_json>`.  A node without
+    <scrapy_banker.ops.fleet_view.FleetView.to_json>`.  A node without
     telemetry (not published yet, or expired) contributes nothing;
     :class:`RateHistory` keeps the counts it had.
     """

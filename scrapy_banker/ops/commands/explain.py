@@ -152,8 +152,8 @@ def _explain_jobdir(
         raise CommandError(str(exc)) from None
     if found.state == "unknown":
         raise CommandError(
-            f"{request.url} is not in this crawl: not saved in {jobdir}, not a dead letter, "
-            "not in requests.seen"
+            f"{request.url} is not in this crawl: not pending in {jobdir}, not a dead letter, "
+            "not seen by its journal"
         )
     topic = found.entry.topic if found.entry is not None else c.topic
     waiting = None

@@ -171,10 +171,11 @@ def _print_jobdir(view: JobdirView) -> None:
 
     out = console()
     out.print(
-        f"JOBDIR {view.path}: {view.queued} requests saved at the last clean stop"
-        + (f" (state.json says {view.pending})" if view.pending != view.queued else "")
+        f"JOBDIR {view.path}: {view.queued} requests pending"
+        + (f" ({view.pending} in the journal, {view.pending - view.queued} unreadable)"
+           if view.pending != view.queued else "")
     )
-    seen = "no requests.seen" if view.seen is None else f"{view.seen} fingerprints seen"
+    seen = "no journal" if view.seen is None else f"{view.seen} fingerprints seen"
     out.print(
         f"Dead letters: {view.dead_letters}"
         + (f" ({', '.join(f'{k}: {n}' for k, n in view.dead_letter_kinds.items())})"

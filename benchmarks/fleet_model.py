@@ -59,7 +59,7 @@ from scrapy_banker.net import fleetmodel
 from scrapy_banker.net.fleetmodel import CostTable, OpCost, WorkerConfig
 from scrapy_banker.redis.frontier import EnqueueOp, Leased, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
-from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 from scrapy_banker.testing.redis_server import RedisServer
 
 PARTITIONS = 1024
@@ -423,11 +423,13 @@ class SimWorker:
             self.frontier,
             self.registry,
             node,
-            heartbeat_s=cfg.heartbeat_s,
-            reap_interval_s=cfg.reap_interval_s,
-            pop_per_partition=cfg.pop_per_partition,
-            slots=max(1, cfg.concurrent_requests // 8),
-            seen_cache=100_000,
+            WorkerOptions(
+                heartbeat_s=cfg.heartbeat_s,
+                reap_interval_s=cfg.reap_interval_s,
+                pop_per_partition=cfg.pop_per_partition,
+                slots=max(1, cfg.concurrent_requests // 8),
+                seen_cache=100_000,
+            ),
         )
         self.scripts: Counter[str] = Counter()
         runner = self.frontier.scripts

@@ -165,7 +165,8 @@ import redis
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_banker.redis.frontier import EnqueueOp, RedisFrontier
+from scrapy_banker.core.ops import EnqueueOp
+from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.scheduler.classifier import Classifier
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.serialize import RequestCodec

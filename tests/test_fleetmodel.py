@@ -46,6 +46,41 @@ def calls(flows: list[Flow], kind: str, category: str | None = None) -> float:
     return sum(f.calls for f in flows if f.kind == kind and category in (None, f.category))
 
 
+@pytest.mark.parametrize(
+    ("copy", "module", "name"),
+    [
+        ("SYNC_INTERVAL_S", "worker_jobs", "SYNC_INTERVAL_S"),
+        ("FULL_SCAN_INTERVAL_S", "worker_jobs", "FULL_SCAN_INTERVAL_S"),
+        ("POP_CHUNK", "worker_jobs", "POP_CHUNK"),
+        ("CENSUS_INTERVAL_S", "worker_jobs", "CENSUS_INTERVAL_S"),
+        ("DRAINED_CENSUS_INTERVAL_S", "worker_jobs", "DRAINED_CENSUS_INTERVAL_S"),
+        ("REAP_HOLD_FRACTION", "worker_jobs", "REAP_HOLD_FRACTION"),
+        ("ACTIVE_IDLE_SLEEP_S", "worker", "ACTIVE_IDLE_SLEEP_S"),
+        ("REAP_CHUNK", "frontier", "REAP_CHUNK"),
+        ("CENSUS_CHUNK", "frontier", "CENSUS_CHUNK"),
+    ],
+)
+def test_the_models_constants_are_the_workers(copy: str, module: str, name: str) -> None:
+    """The model keeps literal copies (it may not import redis-py): they must not drift."""
+    import importlib
+
+    worker_module = importlib.import_module(f"scrapy_banker.redis.{module}")
+    assert getattr(fleetmodel, copy) == getattr(worker_module, name)
+
+
+def test_the_worker_uses_the_constants_the_model_copies() -> None:
+    """The frontier's chunk defaults are the named constants, not numbers of their own."""
+    import inspect
+
+    from scrapy_banker.redis.frontier import CENSUS_CHUNK, REAP_CHUNK, RedisFrontier
+
+    reap = inspect.signature(RedisFrontier.reap_all).parameters["chunk"].default
+    census = inspect.signature(RedisFrontier.census).parameters["chunk"].default
+    assert (reap, census) == (REAP_CHUNK, CENSUS_CHUNK)
+    assert WorkerConfig().reap_hold_fraction == fleetmodel.REAP_HOLD_FRACTION
+    assert WorkerConfig().idle_sleep_s == fleetmodel.ACTIVE_IDLE_SLEEP_S
+
+
 def test_default_costs_cover_every_kind() -> None:
     assert set(DEFAULT_COSTS.ops) == set(KINDS)
     assert all(c.base_us >= 0 and c.per_item_us >= 0 for c in DEFAULT_COSTS.ops.values())

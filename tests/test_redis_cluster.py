@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -20,12 +19,17 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ClusterCrossSlotError, MovedError
 
-from scrapy_banker.redis.frontier import EnqueueOp, NotOwner, RedisFrontier
+from scrapy_banker.core.ops import EnqueueOp
+from scrapy_banker.redis.frontier import NotOwner, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.testing.redis_server import RedisClusterServer
 
 PARTITIONS = 16
-LEASE_TTL_MS = 300
+#: Long enough that no lease runs out while a test works with it; a test
+#: makes them run out when it needs to (:func:`_expire`).
+LEASE_TTL_MS = 60_000
+
+pytestmark = pytest.mark.slow  # a real Redis Cluster
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +69,14 @@ def _direct(client: RedisCluster, key: str) -> redis.Redis:
     return redis.Redis(host=node.host, port=node.port)
 
 
-def _wait_for_lease_expiry() -> None:
-    time.sleep(LEASE_TTL_MS / 1000 + 0.15)
+def _expire(frontier: RedisFrontier) -> None:
+    """Every lease runs out now, as if the server's clock passed its TTL."""
+    client = frontier.client
+    for p in range(frontier.partitions):
+        leases = frontier.keys(p).leases
+        ids = client.zrange(leases, 0, -1)
+        if ids:
+            client.zadd(leases, dict.fromkeys(ids, 0), xx=True)
 
 
 # -- the cluster is a real one ------------------------------------------------------------
@@ -136,9 +146,9 @@ def test_partitions_are_spread_over_all_masters_one_slot_each(
     ports = set()
     for p in range(PARTITIONS):
         keys = frontier.keys(p)
-        names = [keys.queue, keys.leases, keys.payloads, keys.meta, keys.owner, keys.dead]
+        names = [keys.levels, keys.leases, keys.payloads, keys.meta, keys.owner, keys.dead]
         assert len({cluster_client.keyslot(name) for name in [*names, keys.seen]}) == 1
-        ports.add(cluster_client.get_node_from_key(keys.queue).port)
+        ports.add(cluster_client.get_node_from_key(keys.levels).port)
     assert ports == {n.port for n in cluster_client.get_primaries()}
 
 
@@ -173,14 +183,14 @@ def test_frontier_lifecycle_on_every_partition(
         assert frontier.leased(p) == 1
         ids[p] = {"low": low, "forced": forced}
 
-    _wait_for_lease_expiry()
+    _expire(frontier)
     for p in range(PARTITIONS):
         assert frontier.reap(p) == (1, 0)  # first delivery expired: back to the queue
         again = frontier.pop(p, "w", 1, count=5)
         assert [(x.id, x.payload, x.deliveries) for x in again] == [(ids[p]["low"], f"L{p}", 2)]
         assert frontier.start_many({p: [again[0].token.ref]}) == 1
 
-    _wait_for_lease_expiry()
+    _expire(frontier)
     assert frontier.reap_all("w") == (0, PARTITIONS)  # max_deliveries=2 reached everywhere
     for p in range(PARTITIONS):
         dead = frontier.dead_letters(p)
@@ -241,7 +251,7 @@ def test_only_the_calls_a_node_refused_with_noscript_are_sent_again(
 def _serves(
     client: RedisCluster, frontier: RedisFrontier, partition: int, node: ClusterNode
 ) -> bool:
-    return client.get_node_from_key(frontier.keys(partition).queue).port == node.port
+    return client.get_node_from_key(frontier.keys(partition).levels).port == node.port
 
 
 # -- the node registry on the cluster ---------------------------------------------------
@@ -314,7 +324,7 @@ def test_batched_pop_ack_nack_and_outstanding_on_cluster(
     assert [(x.partition, x.id, x.deliveries) for x in result.leased] == [
         (p, ids[p]["high"], 1) for p in regular
     ]
-    masters = {cluster_client.get_node_from_key(frontier.keys(p).queue).port for p in regular}
+    masters = {cluster_client.get_node_from_key(frontier.keys(p).levels).port for p in regular}
     assert masters == {n.port for n in cluster_client.get_primaries()}
     assert frontier.outstanding() == 2 * (PARTITIONS - 1)  # leased still counts
 

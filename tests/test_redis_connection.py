@@ -12,6 +12,7 @@ from scrapy_banker.redis.connection import redis_from_settings
 from scrapy_banker.testing.redis_server import RedisServer
 
 
+@pytest.mark.slow
 def test_scrapy_redis_settings_are_honoured(redis_server: RedisServer) -> None:
     by_url = redis_from_settings({"REDIS_URL": redis_server.url})
     assert by_url.ping()
@@ -25,6 +26,7 @@ def test_scrapy_redis_settings_are_honoured(redis_server: RedisServer) -> None:
     assert kwargs["socket_timeout"] == 3 and kwargs["db"] == 3
 
 
+@pytest.mark.slow
 def test_retries_survive_a_restart() -> None:
     with RedisServer() as server:
         client = redis_from_settings(

@@ -29,7 +29,8 @@ from scrapy_banker.core.bloom import (
     bloom_shard,
     bloom_shard_count,
 )
-from scrapy_banker.redis.frontier import EnqueueOp, RedisFrontier, in_bloom
+from scrapy_banker.core.ops import EnqueueOp
+from scrapy_banker.redis.frontier import RedisFrontier, in_bloom
 from scrapy_banker.settings import load_redis_config
 from scrapy_banker.testing.redis_server import RedisServer, find_redisbloom_module
 
@@ -87,6 +88,7 @@ def test_geometry_is_the_textbook_optimum() -> None:
     assert bits / 8 / 1_000_000 == pytest.approx(1.797, abs=0.001)  # bytes per URL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error", [0.01, 0.001])
 def test_lua_bit_array_meets_its_false_positive_target_at_capacity(
     redis_client: redis.Redis, error: float
@@ -119,6 +121,7 @@ def test_lua_bit_array_meets_its_false_positive_target_at_capacity(
     assert 0.8 * error <= rate <= 1.2 * error, rate
 
 
+@pytest.mark.slow
 def test_a_partition_far_above_its_share_grows_layers_and_keeps_its_error_bounded(
     redis_client: redis.Redis,
 ) -> None:
@@ -157,6 +160,7 @@ def test_a_partition_far_above_its_share_grows_layers_and_keeps_its_error_bounde
     assert not in_bloom(redis_client, ks, 0, "f" * 40) or seen("f" * 40)
 
 
+@pytest.mark.slow
 @needs_module
 @pytest.mark.parametrize("error", [0.01, 0.001])
 def test_native_filter_meets_its_false_positive_target_at_capacity(
@@ -200,6 +204,7 @@ def _frontier(mode: str, client: redis.Redis, **kw: object) -> RedisFrontier:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_concurrent_enqueuers_queue_every_url_exactly_once(
     dedup_client: tuple[str, redis.Redis],
 ) -> None:
@@ -241,6 +246,7 @@ def test_concurrent_enqueuers_queue_every_url_exactly_once(
         assert frontier.native_bloom() == (mode == "native")
 
 
+@pytest.mark.slow
 def test_dont_filter_bypasses_the_filter_and_leaves_no_trace(
     dedup_client: tuple[str, redis.Redis],
 ) -> None:
@@ -255,6 +261,7 @@ def test_dont_filter_bypasses_the_filter_and_leaves_no_trace(
     assert frontier.queued(3) == 3
 
 
+@pytest.mark.slow
 def test_a_crawl_switched_from_set_to_bloom_keeps_knowing_its_set(
     dedup_client: tuple[str, redis.Redis],
 ) -> None:
@@ -270,6 +277,7 @@ def test_a_crawl_switched_from_set_to_bloom_keeps_knowing_its_set(
     assert after.queued(1) == 101
 
 
+@pytest.mark.slow
 def test_explain_reads_whichever_filter_the_crawl_wrote(
     dedup_client: tuple[str, redis.Redis],
 ) -> None:
@@ -287,6 +295,7 @@ def test_explain_reads_whichever_filter_the_crawl_wrote(
     assert client.exists(bloom, geometry, keys.seen, frontier.keyspace.bloom_shards) == 0
 
 
+@pytest.mark.slow
 def test_bit_array_geometry_is_fixed_when_the_filter_is_created(redis_client: redis.Redis) -> None:
     """A worker started with other sizing reads the same bits, so nothing is queued twice."""
     fps = fingerprints(500, "geo")
@@ -315,6 +324,7 @@ def test_shards_split_a_big_filter_by_fingerprint_not_by_host() -> None:
     assert bloom_shard(fps[0], 1) == 0
 
 
+@pytest.mark.slow
 def test_one_server_shares_one_crawl_wide_filter_sized_for_the_crawl(
     dedup_client: tuple[str, redis.Redis],
 ) -> None:

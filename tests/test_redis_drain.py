@@ -15,7 +15,10 @@ import time
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import EnqueueOp, RedisFrontier
+from scrapy_banker.core.ops import EnqueueOp
+from scrapy_banker.redis.frontier import RedisFrontier
+
+pytestmark = pytest.mark.slow  # a real redis-server
 
 
 @pytest.fixture

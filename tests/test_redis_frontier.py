@@ -1,4 +1,11 @@
-"""The Redis frontier's Lua scripts against a real redis-server."""
+"""The Redis frontier's Lua scripts against a real redis-server.
+
+Leases of the ``frontier`` fixture last a minute: a test makes them run out
+by moving their expiry into the past (:func:`_expire`), as the server's
+clock would after the TTL.  Those of ``fast`` last 50 ms, and a test waits
+for them to run out on the server's clock (:func:`_wait_for_expiry`); no
+test depends on finishing its steps within a lease.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +15,42 @@ import time
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, NotOwner, PopResult, RedisFrontier
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+from scrapy_banker.redis.frontier import NotOwner, PopResult, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
-from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
+
+pytestmark = pytest.mark.slow  # a real redis-server
 
 
 @pytest.fixture
 def frontier(redis_client: redis.Redis) -> RedisFrontier:
-    f = RedisFrontier(redis_client, prefix="t", partitions=8, lease_ttl_ms=300, max_deliveries=2)
+    f = RedisFrontier(redis_client, prefix="t", partitions=8, lease_ttl_ms=60_000, max_deliveries=2)
     f.set_owner(3, "node-a", 1)
     return f
+
+
+def _expire(frontier: RedisFrontier, *partitions: int) -> None:
+    """Every lease of ``partitions`` runs out now, as if the server's clock passed its TTL."""
+    client = frontier.client
+    for p in partitions:
+        leases = frontier.keys(p).leases
+        ids = client.zrange(leases, 0, -1)
+        if ids:
+            client.zadd(leases, dict.fromkeys(ids, 0), xx=True)
+
+
+def _wait_for_expiry(frontier: RedisFrontier, partition: int, timeout: float = 30.0) -> None:
+    """Wait until every lease of ``partition`` has expired on the server's clock."""
+    client, leases = frontier.client, frontier.keys(partition).leases
+    deadline = time.monotonic() + timeout
+    while True:
+        seconds, micros = client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        if not client.zcount(leases, f"({now_ms}", "+inf"):
+            return
+        assert time.monotonic() < deadline, "the leases never expired"
+        time.sleep(0.01)
 
 
 def test_dedup_and_enqueue_are_one_step(frontier: RedisFrontier) -> None:
@@ -57,13 +90,13 @@ def test_unacked_lease_is_redelivered_then_dead_lettered(frontier: RedisFrontier
     assert frontier.start_many({3: [first.token.ref]}) == 1  # its fetch began
     assert frontier.start_many({3: [first.token.ref]}) == 0  # once per delivery
     assert frontier.reap(3) == (0, 0)  # lease still valid
-    time.sleep(0.4)
+    _expire(frontier, 3)
     assert frontier.reap(3) == (1, 0)  # worker died: back to the queue
     (second,) = frontier.pop(3, "node-a", 1)
     assert second.id == first.id and second.deliveries == 2
     assert frontier.start_many({3: [first.token.ref]}) == 0  # a stale delivery marks nothing
     assert frontier.start_many({3: [second.token.ref]}) == 1
-    time.sleep(0.4)
+    _expire(frontier, 3)
     assert frontier.reap(3) == (0, 1)  # max_deliveries reached
     (dead,) = frontier.dead_letters(3)
     assert dead["id"] == first.id and dead["deliveries"] == 2
@@ -76,10 +109,9 @@ def test_ack_is_idempotent_and_renew_keeps_the_lease(frontier: RedisFrontier) ->
     frontier.enqueue(3, "a", "pa")
     frontier.enqueue(3, "b", "pb")
     a, b = frontier.pop(3, "node-a", 1, count=2)
-    time.sleep(0.2)
-    assert frontier.renew(3, [a.id]) == 1
-    time.sleep(0.2)  # b's lease expired, a's was renewed
-    assert frontier.reap(3) == (1, 0)
+    _expire(frontier, 3)  # both run out ...
+    assert frontier.renew(3, [a.id]) == 1  # ... and a is renewed before the reaper comes
+    assert frontier.reap(3) == (1, 0)  # b goes back to the queue, a is kept
     assert frontier.ack(3, [a.id]) == 1
     assert frontier.ack(3, [a.id]) == 0
     assert frontier.renew(3, [a.id]) == 0  # an acked request is never resurrected
@@ -177,10 +209,6 @@ def fast(redis_client: redis.Redis) -> RedisFrontier:
     return f
 
 
-def _wait_for_fast_expiry() -> None:
-    time.sleep(0.1)
-
-
 def _meta_int(client: redis.Redis, frontier: RedisFrontier, partition: int, field: str) -> int:
     raw = client.hget(frontier.keys(partition).meta, field)
     return 0 if raw is None else int(raw)
@@ -234,7 +262,7 @@ def test_hand_over_waits_until_the_previous_owners_leases_are_released(
     assert (fast.queued(3), fast.leased(3)) == (1, 2)  # the BUSY pops moved nothing
 
     if release == "reap":
-        _wait_for_fast_expiry()
+        _wait_for_expiry(fast, 3)
         assert fast.pop(3, "node-b", 2) == []  # expired but not yet reaped: still fenced
         assert fast.reap(3) == (2, 0)
     else:
@@ -301,7 +329,7 @@ def test_nacks_never_push_a_request_towards_the_dead_letters(frontier: RedisFron
 def test_nack_after_a_redelivery_keeps_the_earlier_deliveries(fast: RedisFrontier) -> None:
     rid = fast.enqueue(3, "fp", "p")
     assert [x.deliveries for x in fast.pop(3, "node-a", 1)] == [1]
-    _wait_for_fast_expiry()
+    _wait_for_expiry(fast, 3)
     assert fast.reap(3) == (1, 0)
     (second,) = fast.pop(3, "node-a", 1)
     assert (second.id, second.deliveries) == (rid, 2)
@@ -340,7 +368,7 @@ def test_a_late_ack_after_the_reaper_requeued_the_request_keeps_its_payload(
     payload = '{"url": "http://a/slow"}'
     rid = fast.enqueue(3, "fp", payload)
     (first,) = fast.pop(3, "node-a", 1)
-    _wait_for_fast_expiry()
+    _wait_for_expiry(fast, 3)
     assert fast.reap(3) == (1, 0)  # the holder is too slow: back to the queue
     assert fast.ack(3, [first.id]) == 0  # its late ack changes nothing
     assert fast.renew(3, [first.id]) == 0  # nor does a late heartbeat
@@ -362,10 +390,9 @@ def test_ack_many_and_renew_many_return_totals(frontier: RedisFrontier) -> None:
     for x in popped:
         by[x.partition].append(x.id)
     assert (len(by[0]), len(by[3])) == (2, 3)
-    time.sleep(0.2)
+    _expire(frontier, 0, 3)  # every lease runs out ...
     assert frontier.renew_many({0: by[0], 3: [*by[3], "no-such-id"], 5: []}) == 5
-    time.sleep(0.15)  # past the first leases' expiry, not the renewed one
-    assert frontier.reap(0) == (0, 0) and frontier.reap(3) == (0, 0)
+    assert frontier.reap(0) == (0, 0) and frontier.reap(3) == (0, 0)  # ... all were renewed
     assert frontier.ack_many({0: by[0], 3: by[3][:1]}) == 3
     assert frontier.ack_many({0: by[0], 3: by[3]}) == 2  # only the two still leased
     assert frontier.renew_many({0: by[0], 3: by[3]}) == 0
@@ -425,19 +452,19 @@ def test_reap_all_in_chunks_reaps_every_partition(frontier: RedisFrontier, chunk
         frontier.enqueue(p, f"fp{p}", "x")
         frontier.pop(p, "node-a", 1)
     assert frontier.reap_all("node-a", chunk=chunk) == (0, 0)  # leases still valid
-    time.sleep(0.4)
+    _expire(frontier, *range(8))
     assert frontier.reap_all("node-a", chunk=chunk) == (8, 0)
     for p in range(8):
         (leased,) = frontier.pop(p, "node-a", 1)
         frontier.start_many({p: [leased.token.ref]})
-    time.sleep(0.4)
+    _expire(frontier, *range(8))
     # The second delivery's fetch began; the first never did (nothing marked):
     # only one counted so far, below max_deliveries=2.
     assert frontier.reap_all("node-a", chunk=chunk) == (8, 0)
     for p in range(8):
         (leased,) = frontier.pop(p, "node-a", 1)
         frontier.start_many({p: [leased.token.ref]})
-    time.sleep(0.4)
+    _expire(frontier, *range(8))
     assert frontier.reap_all("node-a", chunk=chunk) == (0, 8)  # two fetches began: dead
     assert sum(len(frontier.dead_letters(p)) for p in range(8)) == 8
     assert frontier.outstanding() == 0
@@ -492,7 +519,7 @@ def test_dead_letter_of_a_request_no_longer_leased_does_nothing(fast: RedisFront
 
     rid = fast.enqueue(3, "requeued", "pr")
     (first,) = fast.pop(3, "node-a", 1)
-    _wait_for_fast_expiry()
+    _wait_for_expiry(fast, 3)
     assert fast.reap(3) == (1, 0)
     fast.dead_letter(3, first.id, "too late")  # back in the queue: not leased any more
     fast.dead_letter(3, "no-such-id", "never existed")
@@ -506,7 +533,7 @@ def test_dead_letter_of_a_request_no_longer_leased_does_nothing(fast: RedisFront
 def test_delivery_tokens_make_a_stale_holders_ack_and_nack_no_ops(fast: RedisFrontier) -> None:
     rid = fast.enqueue(3, "fp", '{"url": "http://a/x"}')
     (first,) = fast.pop(3, "node-a", 1)
-    _wait_for_fast_expiry()
+    _wait_for_expiry(fast, 3)
     assert fast.reap(3) == (1, 0)
     fast.set_owner(3, "node-b", 2)
     (second,) = fast.pop(3, "node-b", 2)  # the request now belongs to node-b
@@ -531,7 +558,7 @@ def test_a_leased_request_carries_its_delivery_token(fast: RedisFrontier) -> Non
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.token.delivery = 2  # type: ignore[misc]
     assert not hasattr(first.token, "__dict__") and not hasattr(EnqueueOp(3, "f", "p"), "__dict__")
-    _wait_for_fast_expiry()
+    _wait_for_expiry(fast, 3)
     assert fast.reap(3) == (1, 0)
     (second,) = fast.pop(3, "node-a", 1)
     assert second.token == LeaseToken(3, rid, 2) != first.token
@@ -543,8 +570,8 @@ def test_the_worker_sends_typed_ops_and_forgets_every_token_handed_back(
     fast: RedisFrontier, redis_client: redis.Redis
 ) -> None:
     registry = NodeRegistry(redis_client, fast)
-    worker = FrontierWorker(fast, registry, "node-a", pop_per_partition=10)
-    worker._heartbeat()  # joins: owns every partition
+    worker = FrontierWorker(fast, registry, "node-a", WorkerOptions(pop_per_partition=10))
+    worker.membership.beat()  # joins: owns every partition
     assert set(worker.owned) == set(range(8))
     worker.enqueue(EnqueueOp(3, "a", "pa"))
     worker.enqueue(EnqueueOp(3, "a", "dup"))  # seen: dropped
@@ -552,13 +579,13 @@ def test_the_worker_sends_typed_ops_and_forgets_every_token_handed_back(
     worker.enqueue(EnqueueOp(5, "b", "pb", priority=2))
     worker.enqueue(EnqueueOp(5, "c", "pc"))
     assert worker.pending_ops() == 5
-    assert worker._flush() == 1 and worker.pending_ops() == 0
+    assert worker.flusher.run_once() and worker.pending_ops() == 0
     assert (fast.queued(3), fast.queued(5)) == (2, 2)
     worker.request(10)
-    assert worker._pop() == 4
+    assert worker.popper.pop() == 4
     leased = {x.payload: x for x in worker.inbound}
     assert set(leased) == {"pa", "forced", "pb", "pc"}
-    assert worker._held == {
+    assert worker.state.leases.held == {
         3: {leased["pa"].id, leased["forced"].id},
         5: {leased["pb"].id, leased["pc"].id},
     }
@@ -568,7 +595,7 @@ def test_the_worker_sends_typed_ops_and_forgets_every_token_handed_back(
     worker.nack(leased["forced"].token)
     worker.dead_letter(leased["pc"].token, "malformed: test")
     assert worker.pending_ops() == 4
-    worker._flush()
+    worker.flusher.run_once()
     assert worker.take_counters() == {
         "banker/redis/partitions_moved": 8,
         "banker/redis/enqueued": 4,
@@ -581,7 +608,8 @@ def test_the_worker_sends_typed_ops_and_forgets_every_token_handed_back(
     assert (fast.queued(3), fast.leased(3)) == (1, 0)  # the nacked one is back
     assert (fast.queued(5), fast.leased(5)) == (0, 1)  # pb is still leased
     assert [d["reason"] for d in fast.dead_letters(5)] == ["malformed: test"]
-    assert worker._held == {}  # every token handed back is forgotten, whatever Redis said
+    # Every token handed back is forgotten, whatever Redis said.
+    assert worker.state.leases.held == {}
 
 
 def test_a_held_reaper_lock_makes_one_round_per_interval_fleet_wide(
@@ -599,40 +627,6 @@ def test_a_held_reaper_lock_makes_one_round_per_interval_fleet_wide(
     assert frontier.client.exists(frontier.keyspace.reaper_lock) == 0
 
 
-def test_a_queue_of_the_old_layout_is_drained_and_given_back_in_the_new(
-    frontier: RedisFrontier, redis_client: redis.Redis
-) -> None:
-    """A fleet upgraded worker by worker: what older workers queued (a sorted
-    set of ``<fingerprint>:<seq>`` ids, payloads in a hash) is still leased,
-    counted, nacked and reaped -- back into the new lists, never lost."""
-    k = frontier.keys(3)
-    old_id = "a" * 40 + ":7"
-    redis_client.zadd(k.queue, {old_id: -5 * 2**32 + 7})  # priority 5, seq 7
-    redis_client.hset(k.payloads, old_id, "old")
-    new_id = frontier.enqueue(3, "b" * 40, "new", priority=5)
-    assert frontier.queued(3) == 2
-    census = frontier.census(each=True)
-    assert (census.queued[3], census.work) == (2, 2)
-    got = frontier.pop(3, "node-a", 1, count=5)
-    assert [(x.id, x.payload) for x in got] == [(new_id, "new"), (old_id, "old")]
-    assert (frontier.queued(3), frontier.leased(3)) == (0, 2)
-    # Given back: into the priority-5 list, ahead of what was queued after it.
-    assert frontier.nack(3, [old_id]) == 1
-    later = frontier.enqueue(3, "c" * 40, "later", priority=5)
-    assert redis_client.zcard(k.queue) == 0
-    assert redis_client.lrange(k.level(5), 0, -1) == [
-        f"{old_id} old".encode(), f"{later} later".encode()
-    ]
-    again = frontier.pop(3, "node-a", 1, count=5)
-    assert [(x.id, x.payload, x.deliveries) for x in again] == [
-        (old_id, "old", 1), (later, "later", 1)
-    ]
-    assert frontier.ack(3, [x.id for x in [*got, *again]]) == 3
-    assert frontier.census().work == 0
-    assert not redis_client.exists(k.payloads)  # nothing per request is left
-    assert redis_client.hget(k.meta, "n") == b"0"
-
-
 def test_a_queued_request_is_one_list_entry_and_nothing_else(
     frontier: RedisFrontier, redis_client: redis.Redis
 ) -> None:
@@ -642,7 +636,7 @@ def test_a_queued_request_is_one_list_entry_and_nothing_else(
     assert redis_client.type(k.level(0)) == b"list"
     assert redis_client.llen(k.level(0)) == redis_client.llen(k.level(1)) == 25
     assert redis_client.zrange(k.levels, 0, -1, withscores=True) == [(b"1", -1.0), (b"0", 0.0)]
-    assert not redis_client.exists(k.payloads) and not redis_client.exists(k.queue)
+    assert not redis_client.exists(k.payloads)
     assert set(redis_client.hkeys(k.meta)) == {b"seq", b"n"}  # no per-request meta
     assert redis_client.lindex(k.level(1), 0) == b"2 p1"  # "<id> <payload>"
 
@@ -678,12 +672,12 @@ def test_a_request_only_ever_buffered_is_never_dead_lettered_by_a_run_of_faults(
     for delivery in range(1, 3 * frontier.max_deliveries):
         (leased,) = frontier.pop(3, "node-a", 1)
         assert (leased.id, leased.deliveries) == (rid, delivery)
-        time.sleep(0.4)
+        _expire(frontier, 3)
         assert frontier.reap(3) == (1, 0)
     # The backstop: a request whose holders keep dying before they can say
     # it started (e.g. it kills them) still reaches the dead letters.
     frontier.pop(3, "node-a", 1)
-    time.sleep(0.4)
+    _expire(frontier, 3)
     assert frontier.reap(3) == (0, 1)
     (dead,) = frontier.dead_letters(3)
     assert dead["deliveries"] == 3 * frontier.max_deliveries

@@ -19,7 +19,6 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
     keys = Keyspace(PREFIX, 16)
     assert keys.partition(3) == PartitionKeys(
         levels="{banker:shop:3}:lv",
-        queue="{banker:shop:3}:q",
         leases="{banker:shop:3}:leases",
         payloads="{banker:shop:3}:payloads",
         meta="{banker:shop:3}:meta",
@@ -55,7 +54,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
     slots = []
     for p in range(64):
         names = keys.partition(p).names()
-        assert len(names) == 9
+        assert len(names) == 8
         # The level lists too: the scripts name them from the levels key.
         names += (keys.partition(p).level(0), keys.partition(p).level(-7))
         assert len({key_slot(n.encode()) for n in names}) == 1
@@ -66,7 +65,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
 def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
     keys = Keyspace(PREFIX, 4)
     cleared = list(keys.cleared())
-    assert len(cleared) == len(set(cleared)) == 4 * 9 + 11
+    assert len(cleared) == len(set(cleared)) == 4 * 8 + 11
     for p in range(4):
         assert set(keys.partition(p).names()) <= set(cleared)
     assert {
@@ -117,6 +116,7 @@ def test_decode_is_strict_unless_asked_to_be_lossy() -> None:
     assert decode(b"\x80pickle", lossy=True) == "\ufffdpickle"
 
 
+@pytest.mark.slow  # a real redis-server
 def test_frontier_registry_and_placement_share_one_keyspace(redis_client: redis.Redis) -> None:
     from scrapy_banker.redis.placement import PlacementAgent
 

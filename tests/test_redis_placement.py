@@ -22,6 +22,8 @@ from scrapy_banker.settings import PlacementConfig, load_placement_config
 PREFIX = "pl"
 PARTITIONS = 8
 
+pytestmark = pytest.mark.slow  # a real redis-server
+
 
 class FakeClock:
     def __init__(self) -> None:
@@ -60,6 +62,13 @@ def _agent(
         links if links is not None else LinkStats(),
         clock=clock if clock is not None else FakeClock(),
     )
+
+
+def _wait_until_gone(client: redis.Redis, key: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while client.exists(key):
+        assert time.monotonic() < deadline, f"{key} never expired"
+        time.sleep(0.02)
 
 
 def _decode(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -336,14 +345,14 @@ def test_least_loaded_topk_round_weighs_partitions_by_their_backlog_in_redis(
 def test_planning_respects_the_interval(redis_client: redis.Redis, registry: NodeRegistry) -> None:
     _two_nodes(registry)
     clock = FakeClock()
-    agent = _agent(redis_client, "a", clock=clock, interval=0.3)
-    other = _agent(redis_client, "b", clock=clock, interval=0.3)
+    agent = _agent(redis_client, "a", clock=clock, interval=1.0)
+    other = _agent(redis_client, "b", clock=clock, interval=1.0)
     agent.beat(registry)
     assert agent.runs == 1
     x_part = registry.load_table().owned_by("b")[0]
     _plant_rtts(redis_client, agent)
     agent.note_site(x_part, "x.test", "http")
-    clock.now = 0.15
+    clock.now = 0.5
     assert agent.beat(registry) == []  # too early: published but not planned
     assert agent.runs == 1
     assert redis_client.hget(agent.sites_key, str(x_part)) == b"x.test"
@@ -352,8 +361,8 @@ def test_planning_respects_the_interval(redis_client: redis.Redis, registry: Nod
     assert other.beat(registry) == []
     assert other.runs == 0
     assert redis_client.get(agent.plan_key) == b"a"
-    time.sleep(0.35)  # the fleet-wide gate expires with the interval
-    clock.now = 0.3
+    _wait_until_gone(redis_client, agent.plan_key)  # the fleet-wide gate expires with the interval
+    clock.now = 1.0
     assert agent.beat(registry) == [Move(x_part, "b", "a")]
     assert agent.runs == 2
     assert other.beat(registry) == []  # gated again
@@ -503,11 +512,11 @@ def test_the_worker_asks_for_a_plan_after_each_rebalance_that_moved_partitions(
         "a",
         placement=placement,  # type: ignore[arg-type]
     )
-    worker._heartbeat()  # joins: every partition moves to a
+    worker.membership.beat()  # joins: every partition moves to a
     assert (placement.replans, placement.beats) == (1, 1)
-    worker._heartbeat()  # nothing changed
+    worker.membership.beat()  # nothing changed
     assert (placement.replans, placement.beats) == (1, 2)
     registry.register("b")
-    worker._heartbeat()  # b joined: a hands half over
+    worker.membership.beat()  # b joined: a hands half over
     assert (placement.replans, placement.beats) == (2, 3)
     assert len(worker.owned) == PARTITIONS // 2

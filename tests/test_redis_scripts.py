@@ -11,6 +11,8 @@ import scrapy_banker.redis
 from scrapy_banker.redis.frontier import NotOwner, RedisFrontier
 from scrapy_banker.redis.scripts import Busy, Fenced, Refusal, ScriptCall, ScriptRunner
 
+pytestmark = pytest.mark.slow  # a real redis-server
+
 
 @pytest.fixture
 def frontier(redis_client: redis.Redis) -> RedisFrontier:
@@ -27,7 +29,7 @@ def _enqueue_call(frontier: RedisFrontier, partition: int, fingerprint: str) -> 
 
 def _pop_call(frontier: RedisFrontier, partition: int, node: str, epoch: int) -> ScriptCall:
     k = frontier.keys(partition)
-    keys = [k.levels, k.leases, k.payloads, k.meta, k.owner, k.queue]
+    keys = [k.levels, k.leases, k.payloads, k.meta, k.owner]
     return ScriptCall(keys, [node, epoch, 60_000, 5])
 
 

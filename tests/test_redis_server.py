@@ -14,6 +14,7 @@ from scrapy_banker.testing.redis_server import (
 )
 
 
+@pytest.mark.slow
 def test_info_reports_a_real_server_on_our_port(
     redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
@@ -27,6 +28,7 @@ def test_info_reports_a_real_server_on_our_port(
     assert redis_client.config_get("appendonly")["appendonly"] == "no"
 
 
+@pytest.mark.slow
 def test_lua_runs_atomically_on_the_server(redis_client: redis.Redis) -> None:
     script = """
     local v = redis.call('INCRBY', KEYS[1], ARGV[1])
@@ -38,6 +40,7 @@ def test_lua_runs_atomically_on_the_server(redis_client: redis.Redis) -> None:
     assert redis_client.lrange("{p}:log", 0, -1) == [b"5", b"12"]
 
 
+@pytest.mark.slow
 def test_xautoclaim_reclaims_a_stale_pending_entry(redis_client: redis.Redis) -> None:
     redis_client.xgroup_create("s", "g", id="0", mkstream=True)
     entry = redis_client.xadd("s", {"url": "http://h0000.farm.test/"})
@@ -50,11 +53,13 @@ def test_xautoclaim_reclaims_a_stale_pending_entry(redis_client: redis.Redis) ->
     assert pending[0]["times_delivered"] == 2
 
 
+@pytest.mark.slow
 def test_server_time_is_the_servers_clock(redis_client: redis.Redis) -> None:
     seconds, micros = redis_client.time()
     assert seconds > 1_600_000_000 and 0 <= micros < 1_000_000
 
 
+@pytest.mark.slow
 def test_restart_keeps_port_and_loses_data() -> None:
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
@@ -67,6 +72,7 @@ def test_restart_keeps_port_and_loses_data() -> None:
     assert server.proc is None
 
 
+@pytest.mark.slow
 def test_kill_makes_clients_fail_until_restart() -> None:
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url, socket_timeout=1)

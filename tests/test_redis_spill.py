@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from scrapy_banker.core.spill import SpilledEnqueue, SpilledLease, SpillOps
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+from scrapy_banker.core.spill import SpillOps
 from scrapy_banker.redis.connection import redacted_url
-from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
+from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
 from scrapy_banker.settings import load_redis_config
@@ -47,11 +48,12 @@ def _replay(worker: FrontierWorker, ops: SpillOps) -> dict[str, int]:
     done: list[bool] = []
     worker.replay(ops, lambda: done.append(True))
     assert worker.pending_ops() == len(ops)
-    worker._send_replay()
+    assert worker.replayer.run_once()
     assert done == [True] and worker.pending_ops() == 0
     return worker.take_counters()
 
 
+@pytest.mark.slow  # a real redis-server
 def test_a_replay_is_idempotent_and_a_stale_ack_changes_nothing(
     redis_client: redis.Redis,
 ) -> None:
@@ -67,8 +69,8 @@ def test_a_replay_is_idempotent_and_a_stale_ack_changes_nothing(
     (again,) = frontier.pop(2, "n", 1)  # ... and delivered again, to a new holder
     assert again.deliveries == stale.deliveries + 1
     ops = SpillOps(
-        enqueues=[SpilledEnqueue(1, "fp-old", "old"), SpilledEnqueue(3, "fp-new", "new")],
-        acks=[SpilledLease(1, old.id, old.deliveries), SpilledLease(2, stale.id, 1)],
+        enqueues=[EnqueueOp(1, "fp-old", "old"), EnqueueOp(3, "fp-new", "new")],
+        acks=[LeaseToken(1, old.id, old.deliveries), LeaseToken(2, stale.id, 1)],
     )
     counters = _replay(_worker(redis_client, "r1"), ops)
     assert counters["banker/redis/spill/replayed"] == 4
@@ -87,7 +89,7 @@ def test_a_replay_is_idempotent_and_a_stale_ack_changes_nothing(
 def test_what_a_stopping_worker_could_not_send_is_handed_out_in_order() -> None:
     client = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
     worker = _worker(client, "gone")
-    worker.replay(SpillOps(enqueues=[SpilledEnqueue(0, "fp-0", "older")]), lambda: None)
+    worker.replay(SpillOps(enqueues=[EnqueueOp(0, "fp-0", "older")]), lambda: None)
     worker.enqueue(EnqueueOp(5, "fp-5", "child", 2))
     worker.ack(LeaseToken(4, "id-4", 1))
     worker.nack(LeaseToken(6, "id-6", 2))
@@ -95,10 +97,10 @@ def test_what_a_stopping_worker_could_not_send_is_handed_out_in_order() -> None:
     assert worker.stop(timeout=0.3) == 5
     unsent = worker.take_unsent()
     assert unsent == SpillOps(
-        enqueues=[SpilledEnqueue(0, "fp-0", "older"), SpilledEnqueue(5, "fp-5", "child", 2)],
-        dead=[(SpilledLease(7, "id-7", 3), "malformed: x")],
-        acks=[SpilledLease(4, "id-4", 1)],
-        nacks=[SpilledLease(6, "id-6", 2)],
+        enqueues=[EnqueueOp(0, "fp-0", "older"), EnqueueOp(5, "fp-5", "child", 2)],
+        dead=[(LeaseToken(7, "id-7", 3), "malformed: x")],
+        acks=[LeaseToken(4, "id-4", 1)],
+        nacks=[LeaseToken(6, "id-6", 2)],
     )
     assert worker.pending_ops() == 0
     client.close()
@@ -149,6 +151,7 @@ def _wait_quiet(farm: WebFarm, quiet_s: float = 1.0, timeout: float = 30.0) -> N
             last, since = n, time.monotonic()
 
 
+@pytest.mark.slow  # a redis-server, the farm, two worker processes
 def test_redis_gone_at_stop_spills_and_the_next_worker_replays_it(tmp_path: Path) -> None:
     jobdir = tmp_path / "job"
     spill = jobdir / "banker-redis-spill"
@@ -210,6 +213,7 @@ def test_redis_gone_at_stop_spills_and_the_next_worker_replays_it(tmp_path: Path
         client.close()
 
 
+@pytest.mark.slow  # a scrapy crawl process
 def test_redis_unreachable_at_start_fails_scrapy_crawl_with_a_masked_url(
     tmp_path: Path,
 ) -> None:

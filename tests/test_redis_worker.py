@@ -1,36 +1,43 @@
 """The worker thread's fleet logic, step by step against a real redis-server (no thread).
 
-Each test drives :class:`FrontierWorker` methods the way its loop does --
-``_heartbeat``, ``_flush``, ``_sync``, ``_pop``, ``_idle_census`` -- for two
-or three workers sharing one Redis, and asserts on what Redis and the workers
-hold afterwards.
+Each test drives the worker's jobs by their public steps, the way its loop
+does -- ``membership.beat``, ``flusher.run_once``, ``sync.sync``,
+``popper.pop``, ``drain.check`` -- for two or three workers sharing one
+Redis, and asserts on what Redis and the workers hold afterwards.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
-from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 
 PARTITIONS = 16
 
+pytestmark = pytest.mark.slow  # a real redis-server
 
-def _worker(client: redis.Redis, node: str, **kwargs: Any) -> FrontierWorker:
+
+def _worker(
+    client: redis.Redis, node: str, clock: Callable[[], float] = time.monotonic, **options: Any
+) -> FrontierWorker:
     frontier = RedisFrontier(client, prefix="w", partitions=PARTITIONS, lease_ttl_ms=60_000)
     registry = NodeRegistry(client, frontier)
-    worker = FrontierWorker(frontier, registry, node, **kwargs)
-    worker._heartbeat()
+    worker = FrontierWorker(frontier, registry, node, WorkerOptions(**options), clock=clock)
+    worker.membership.beat()
     return worker
 
 
 def _pop_all(worker: FrontierWorker, want: int = 100) -> list[str]:
     worker.request(want)
-    worker._pop()
+    worker.popper.pop()
     payloads = [leased.payload for leased in worker.inbound]
     worker.inbound.clear()
     return payloads
@@ -41,17 +48,17 @@ def test_a_worker_wakes_the_owner_of_the_partition_it_queued_work_in(
 ) -> None:
     a = _worker(redis_client, "a")
     b = _worker(redis_client, "b")  # b joins: half the partitions move to it
-    a._sync()
+    a.sync.sync()
     assert a.owned and b.owned and not a.owned.keys() & b.owned.keys()
     p = min(b.owned)
     # b has popped everything it knew of; its next full scan is far away.
     _pop_all(b)
-    b._next_full_scan = float("inf")
+    b.state.hints.next_full_scan = float("inf")
     assert _pop_all(b) == []
     a.enqueue(EnqueueOp(p, "fp", "for-b"))
-    a._flush()
-    assert b._pop() == 0  # not known yet: b does not scan
-    b._sync()  # reads its ready set
+    a.flusher.run_once()
+    assert b.popper.pop() == 0  # not known yet: b does not scan
+    b.sync.sync()  # reads its ready set
     assert _pop_all(b) == ["for-b"]
     assert redis_client.scard(b.frontier.keyspace.ready("b")) == 0  # emptied as read
 
@@ -60,28 +67,28 @@ def test_a_table_change_reaches_every_worker_at_its_next_sync(redis_client: redi
     a = _worker(redis_client, "a")
     assert len(a.owned) == PARTITIONS
     version = a.registry.table_version()
-    assert version == a._table_version >= 1
+    assert version == a.state.ownership.version >= 1
     b = _worker(redis_client, "b")
     assert a.registry.table_version() == version + 1
     owned_before = a.owned
-    a._sync()
+    a.sync.sync()
     assert a.owned is not owned_before  # replaced whole: the scheduler notices a loss
     assert len(a.owned) == len(b.owned) == PARTITIONS // 2
-    a._sync()  # nothing changed: nothing reloaded
-    assert a._table_version == version + 1
+    a.sync.sync()  # nothing changed: nothing reloaded
+    assert a.state.ownership.version == version + 1
 
 
 def test_a_partition_held_up_to_the_cap_is_not_popped(redis_client: redis.Redis) -> None:
     worker = _worker(redis_client, "a", pop_per_partition=3)
-    assert worker.held_cap == 3
+    assert worker.popper.held_cap == 3
     for i in range(10):
         worker.enqueue(EnqueueOp(5, f"fp{i}", f"p{i}"))
-    worker._flush()
+    worker.flusher.run_once()
     assert len(_pop_all(worker)) == 3
     assert _pop_all(worker) == []  # 3 held (buffered or in flight): the cap
     assert worker.frontier.queued(5) == 7  # left queued, where an idle node may take them
-    worker.ack(LeaseToken(5, min(worker._held[5]), 1))
-    worker._flush()
+    worker.ack(LeaseToken(5, min(worker.state.leases.held[5]), 1))
+    worker.flusher.run_once()
     assert len(_pop_all(worker)) == 1  # room for one more
 
 
@@ -91,45 +98,45 @@ def test_confirmed_fingerprints_are_remembered_up_to_the_cache_size(
     worker = _worker(redis_client, "a", seen_cache=3)
     worker.enqueue(EnqueueOp(1, "fp1", "x"))
     worker.enqueue(EnqueueOp(2, "fp2", "x", dont_filter=True))  # never recorded as seen
-    worker._flush()
+    worker.flusher.run_once()
     assert worker.seen == {"fp1"}
     worker.enqueue(EnqueueOp(1, "fp1", "again"))  # a duplicate Redis refuses: known too
     worker.enqueue(EnqueueOp(3, "fp3", "x"))
-    worker._flush()
+    worker.flusher.run_once()
     assert worker.seen == {"fp1", "fp3"}
     worker.enqueue(EnqueueOp(4, "fp4", "x"))
     worker.enqueue(EnqueueOp(4, "fp5", "x"))
-    worker._flush()
+    worker.flusher.run_once()
     assert worker.seen == {"fp4", "fp5"}  # full: started over
     off = _worker(redis_client, "b", seen_cache=0)
     off.enqueue(EnqueueOp(1, "fp9", "x"))
-    off._flush()
+    off.flusher.run_once()
     assert off.seen == set()
 
 
 def test_an_idle_worker_knows_when_the_whole_crawl_is_drained(redis_client: redis.Redis) -> None:
     a = _worker(redis_client, "a")
     b = _worker(redis_client, "b")
-    a._sync()
+    a.sync.sync()
     a.local_idle = b.local_idle = True
-    a._idle_census(0.0)
+    a.drain.check(0.0)
     assert a.drained_since == 0.0  # nothing queued, nothing leased
     p = min(b.owned)
     b.enqueue(EnqueueOp(p, "fp", "x"))
     assert b.drained_since is None
-    b._flush()
-    a._idle_census(1.0)
+    b.flusher.run_once()
+    a.drain.check(1.0)
     assert a.drained_since is None  # b's partition holds work
-    b._sync()
+    b.sync.sync()
     (leased,) = b.frontier.pop_many(b.owned, "b").leased
-    a._idle_census(2.0)
+    a.drain.check(2.0)
     assert a.drained_since is None  # leased: not done until acked
     b.ack(leased.token)
-    b._flush()
-    a._idle_census(3.0)
+    b.flusher.run_once()
+    a.drain.check(3.0)
     assert a.drained_since == 3.0
     a.enqueue(EnqueueOp(p, "fp2", "y"))  # this worker's own unsent op
-    a._idle_census(4.0)
+    a.drain.check(4.0)
     assert a.drained_since is None
 
 
@@ -140,7 +147,7 @@ def test_a_hungry_worker_steals_waiting_partitions_from_a_saturated_one(
     slots = 2
     a = _worker(redis_client, "a", slots=slots, pop_per_partition=1)
     b = _worker(redis_client, "b", slots=slots)
-    a._sync()
+    a.sync.sync()
     mine = sorted(a.owned)
     # a works on two hosts (a lease each) or on one; four more partitions wait.
     working = mine[:slots] if saturated else mine[:1]
@@ -151,12 +158,12 @@ def test_a_hungry_worker_steals_waiting_partitions_from_a_saturated_one(
     for i, p in enumerate(waiting):
         for j in range(i + 1):
             a.enqueue(EnqueueOp(p, f"q{p}-{j}", "waiting"))
-    a._flush()
-    a._next_full_scan = float("inf")
-    a._nonempty = set(working)
+    a.flusher.run_once()
+    a.state.hints.next_full_scan = float("inf")
+    a.state.hints.nonempty = set(working)
     assert len(_pop_all(a, want=len(working))) == len(working)
     b.hungry = True
-    b._idle_census(0.0)
+    b.drain.check(0.0)
     stats = b.take_counters()
     if not saturated:
         # a can start its waiting hosts itself: nothing to take.
@@ -170,9 +177,9 @@ def test_a_hungry_worker_steals_waiting_partitions_from_a_saturated_one(
     assert sorted(_pop_all(b)) == ["waiting"] * (3 + 4)
     assert b.take_counters().get("banker/redis/handover_waits", 0) == 0
     # a learns at its next sync, and its pops of the stolen partitions stop.
-    a._sync()
+    a.sync.sync()
     assert not set(waiting[2:]) & set(a.owned)
-    b._idle_census(0.1)  # backing off: no second attempt at once
+    b.drain.check(0.1)  # backing off: no second attempt at once
     assert "banker/redis/steals" not in b.take_counters()
 
 
@@ -187,16 +194,16 @@ def test_a_lease_is_held_only_while_its_pop_or_last_renewal_is_recent(
     worker = _worker(redis_client, "a", clock=lambda: now[0])  # lease TTL 60 s
     for i in range(3):
         worker.enqueue(EnqueueOp(2, f"fp{i}", f"p{i}"))
-    worker._flush()
+    worker.flusher.run_once()
     worker.request(10)
-    worker._pop()
+    worker.popper.pop()
     tokens = [leased.token for leased in worker.inbound]
     assert len(tokens) == 3 and all(t.leased_at == 1000.0 for t in tokens)
     assert all(worker.holds(t, 1000.0 + 47) for t in tokens)  # within 0.8 of the TTL
     assert not any(worker.holds(t, 1000.0 + 48.5) for t in tokens)
     # A heartbeat renews every held lease: they are good again from then on.
     now[0] = 1040.0
-    worker._heartbeat()
+    worker.membership.beat()
     assert worker.renewed_at == 1040.0
     assert all(worker.holds(t, 1040.0 + 47) for t in tokens)
     # Stopped for 70 s (longer than the TTL): nothing is held any more, and

@@ -1,4 +1,9 @@
-"""The spill file format, parser, merge and file handling (pure: no Redis, no Scrapy)."""
+"""The spill file format, parser, merge and file handling (pure: no Redis, no Scrapy).
+
+The file holds the worker's own operation values
+(:class:`~scrapy_banker.core.ops.EnqueueOp`, :class:`~scrapy_banker.core.ops.LeaseToken`);
+a file written before must still be read and written the same, byte for byte.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 from scrapy_banker.core.spill import (
     SPILL_VERSION,
     SpillDir,
-    SpilledEnqueue,
-    SpilledLease,
     SpillHeader,
     SpillOps,
     format_spill,
@@ -27,13 +31,49 @@ HEADER = SpillHeader("banker:s", 64, "node-1", "2026-01-01T00:00:00Z")
 def _ops() -> SpillOps:
     return SpillOps(
         enqueues=[
-            SpilledEnqueue(3, "fp-a", '{"url":"http://a.test/"}', 5, False),
-            SpilledEnqueue(4, "fp-b", '{"url":"http://b.test/\\u00e9"}', -1, True),
+            EnqueueOp(3, "fp-a", '{"url":"http://a.test/"}', 5, False),
+            EnqueueOp(4, "fp-b", '{"url":"http://b.test/\\u00e9"}', -1, True),
         ],
-        dead=[(SpilledLease(1, "id-x", 2), "malformed: nope")],
-        acks=[SpilledLease(3, "id-1", 1), SpilledLease(63, "id-2", 3)],
-        nacks=[SpilledLease(0, "id-3", 1)],
+        dead=[(LeaseToken(1, "id-x", 2), "malformed: nope")],
+        acks=[LeaseToken(3, "id-1", 1), LeaseToken(63, "id-2", 3)],
+        nacks=[LeaseToken(0, "id-3", 1)],
     )
+
+
+#: A spill as the worker wrote it before its operations and the spill's were one set of types.
+WRITTEN_BEFORE = (
+    '{"v":1,"kind":"header","prefix":"banker:s","partitions":64,"node":"node-1",'
+    '"written":"2026-01-01T00:00:00Z"}\n'
+    '{"v":1,"op":"enqueue","p":3,"fp":"fp-a","prio":5,"df":false,'
+    '"payload":"{\\"url\\":\\"http://a.test/\\"}"}\n'
+    '{"v":1,"op":"enqueue","p":4,"fp":"fp-b","prio":-1,"df":true,'
+    '"payload":"{\\"url\\":\\"http://b.test/\u00e9\\"}"}\n'
+    '{"v":1,"op":"dead","p":1,"id":"id-x","d":2,"reason":"malformed: nope"}\n'
+    '{"v":1,"op":"ack","p":3,"id":"id-1","d":1}\n'
+    '{"v":1,"op":"nack","p":0,"id":"id-3","d":1}\n'
+)
+
+
+def test_a_spill_written_before_reads_and_writes_the_same() -> None:
+    parsed = parse_spill(WRITTEN_BEFORE, 64)
+    assert parsed.bad == [] and parsed.header == HEADER
+    ops = parsed.ops
+    assert ops == SpillOps(
+        enqueues=[
+            EnqueueOp(3, "fp-a", '{"url":"http://a.test/"}', 5, False),
+            EnqueueOp(4, "fp-b", '{"url":"http://b.test/\u00e9"}', -1, True),
+        ],
+        dead=[(LeaseToken(1, "id-x", 2), "malformed: nope")],
+        acks=[LeaseToken(3, "id-1", 1)],
+        nacks=[LeaseToken(0, "id-3", 1)],
+    )
+    assert format_spill(HEADER, ops) == WRITTEN_BEFORE
+    # A live token's time and epoch are not its identity and are never written.
+    live = LeaseToken(3, "id-1", 1, leased_at=12.5, epoch=7)
+    assert live == ops.acks[0] and hash(live) == hash(ops.acks[0])
+    again = SpillOps(ops.enqueues, ops.dead, [live], ops.nacks)
+    assert format_spill(HEADER, again) == WRITTEN_BEFORE
+    assert merge([ops, again]).acks == ops.acks  # the same delivery: kept once
 
 
 def test_round_trip_keeps_every_op_and_its_order() -> None:
@@ -91,12 +131,12 @@ def test_a_torn_last_line_and_blank_lines_never_raise() -> None:
 
 def test_merge_keeps_order_and_drops_what_replay_would_repeat() -> None:
     a, b = _ops(), _ops()
-    b.enqueues.append(SpilledEnqueue(9, "fp-c", "{}", 0, False))
-    b.acks.append(SpilledLease(3, "id-1", 2))  # another delivery: kept
+    b.enqueues.append(EnqueueOp(9, "fp-c", "{}", 0, False))
+    b.acks.append(LeaseToken(3, "id-1", 2))  # another delivery: kept
     merged = merge([a, b])
     # fp-a once (dedup would drop the second); dont_filter fp-b twice (asked twice).
     assert [e.fingerprint for e in merged.enqueues] == ["fp-a", "fp-b", "fp-b", "fp-c"]
-    assert merged.acks == [*a.acks, SpilledLease(3, "id-1", 2)]
+    assert merged.acks == [*a.acks, LeaseToken(3, "id-1", 2)]
     assert merged.nacks == a.nacks and merged.dead == a.dead
     assert merge([]) == SpillOps()
 
@@ -141,6 +181,7 @@ def _try_claim(directory: str, out: multiprocessing.Queue[int]) -> None:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="flock")
+@pytest.mark.slow  # starts two processes
 def test_a_file_another_process_is_replaying_is_not_claimed_twice(tmp_path: Path) -> None:
     box = SpillDir(tmp_path)
     box.write(HEADER, _ops())

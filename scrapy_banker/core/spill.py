@@ -23,7 +23,11 @@ version)::
     {"v":1,"op":"ack","p":7,"id":"ID","d":1}
     {"v":1,"op":"nack","p":7,"id":"ID","d":1}
 
-Ids and fingerprints are opaque strings here.  A line that does not parse
+The operations are the worker's own values
+(:class:`~scrapy_banker.core.ops.EnqueueOp`,
+:class:`~scrapy_banker.core.ops.LeaseToken`); a token's ``leased_at`` and
+``epoch`` are not written, as they are not part of its identity.  Ids and
+fingerprints are opaque strings here.  A line that does not parse
 (a torn write, a hand edit, a newer version) is reported, never fatal: the
 caller keeps it in a ``.bad`` file and replays the rest.
 
@@ -45,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+
 try:  # POSIX: two workers never replay the same file at once
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -58,8 +64,6 @@ __all__ = [
     "SpillDir",
     "SpillHeader",
     "SpillOps",
-    "SpilledEnqueue",
-    "SpilledLease",
     "format_spill",
     "merge",
     "parse_spill",
@@ -72,26 +76,6 @@ SPILL_GLOB = "spill-*.jsonl"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-@dataclass(frozen=True, slots=True)
-class SpilledEnqueue:
-    """A request to queue, as the worker would have sent it."""
-
-    partition: int
-    fingerprint: str
-    payload: str
-    priority: int = 0
-    dont_filter: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SpilledLease:
-    """One delivery of a leased request (what an ack, nack or dead letter acts on)."""
-
-    partition: int
-    id: str
-    delivery: int
-
-
 @dataclass
 class SpillOps:
     """Operations not sent, in the order they must be sent: enqueues, dead letters, acks, nacks.
@@ -100,10 +84,10 @@ class SpillOps:
     must never land before the children its callback yielded.
     """
 
-    enqueues: list[SpilledEnqueue] = field(default_factory=list)
-    dead: list[tuple[SpilledLease, str]] = field(default_factory=list)
-    acks: list[SpilledLease] = field(default_factory=list)
-    nacks: list[SpilledLease] = field(default_factory=list)
+    enqueues: list[EnqueueOp] = field(default_factory=list)
+    dead: list[tuple[LeaseToken, str]] = field(default_factory=list)
+    acks: list[LeaseToken] = field(default_factory=list)
+    nacks: list[LeaseToken] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.enqueues) + len(self.dead) + len(self.acks) + len(self.nacks)
@@ -163,7 +147,7 @@ def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n"
 
 
-def _lease(op: str, lease: SpilledLease, **extra: Any) -> str:
+def _lease(op: str, lease: LeaseToken, **extra: Any) -> str:
     return _line(
         {"v": SPILL_VERSION, "op": op, "p": lease.partition, "id": lease.id,
          "d": lease.delivery, **extra}
@@ -178,7 +162,7 @@ def format_spill(header: SpillHeader, ops: SpillOps) -> str:
     out = [_line(head)]
     for e in ops.enqueues:
         op = {"v": SPILL_VERSION, "op": "enqueue", "p": e.partition, "fp": e.fingerprint,
-              "prio": e.priority, "df": e.dont_filter, "payload": e.payload}  # fmt: skip
+              "prio": int(e.priority), "df": bool(e.dont_filter), "payload": e.payload}  # fmt: skip
         out.append(_line(op))
     out.extend(_lease("dead", lease, reason=reason) for lease, reason in ops.dead)
     out.extend(_lease("ack", lease) for lease in ops.acks)
@@ -209,8 +193,8 @@ def _str(obj: dict[str, Any], key: str) -> str:
     return value
 
 
-def _parse_lease(obj: dict[str, Any], partitions: int) -> SpilledLease:
-    return SpilledLease(_int(obj, "p", 0, partitions), _str(obj, "id"), _int(obj, "d", 1))
+def _parse_lease(obj: dict[str, Any], partitions: int) -> LeaseToken:
+    return LeaseToken(_int(obj, "p", 0, partitions), _str(obj, "id"), _int(obj, "d", 1))
 
 
 def parse_spill(text: str, partitions: int) -> ParsedSpill:
@@ -255,8 +239,7 @@ def parse_spill(text: str, partitions: int) -> ParsedSpill:
                 if isinstance(prio, bool) or not isinstance(prio, int):
                     raise _Bad(f"'prio' must be an integer, got {prio!r}")
                 ops.enqueues.append(
-                    SpilledEnqueue(_int(obj, "p", 0, partitions), _str(obj, "fp"), payload,
-                                   prio, df)
+                    EnqueueOp(_int(obj, "p", 0, partitions), _str(obj, "fp"), payload, prio, df)
                 )  # fmt: skip
             elif op == "dead":
                 ops.dead.append((_parse_lease(obj, partitions), _str(obj, "reason")))
@@ -284,9 +267,9 @@ def merge(spills: Iterable[SpillOps]) -> SpillOps:
     """
     out = SpillOps()
     seen_fp: set[tuple[int, str]] = set()
-    seen_dead: set[SpilledLease] = set()
-    seen_ack: set[SpilledLease] = set()
-    seen_nack: set[SpilledLease] = set()
+    seen_dead: set[LeaseToken] = set()
+    seen_ack: set[LeaseToken] = set()
+    seen_nack: set[LeaseToken] = set()
     for ops in spills:
         for e in ops.enqueues:
             if not e.dont_filter:

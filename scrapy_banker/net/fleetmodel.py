@@ -33,9 +33,11 @@ This module answers it from first principles plus measured costs:
    that M partitions balance over masters only when M is much larger.
 
 Pure: no Scrapy, Twisted or Redis import, so the docs' tables, the benchmark
-and the tests compute the same numbers.  The constants mirror those of
-:mod:`scrapy_banker.redis.worker` (kept literal here: importing that module
-would import redis-py).
+and the tests compute the same numbers.  The constants are copies of the
+worker's (:mod:`scrapy_banker.redis.worker_jobs`, :mod:`scrapy_banker.redis.worker`,
+:mod:`scrapy_banker.redis.frontier`), kept literal here because importing
+those modules would import redis-py; ``tests/test_fleetmodel.py`` checks
+that each copy equals the worker's value.
 """
 
 from __future__ import annotations
@@ -67,20 +69,28 @@ __all__ = [
 ]
 
 #: Seconds between two table-version polls of a busy worker
-#: (``redis.worker.SYNC_INTERVAL_S``).
+#: (``redis.worker_jobs.SYNC_INTERVAL_S``).
 SYNC_INTERVAL_S = 0.1
-#: Seconds between two full scans of every owned partition (``FULL_SCAN_INTERVAL_S``).
+#: Seconds between two full scans of every owned partition
+#: (``redis.worker_jobs.FULL_SCAN_INTERVAL_S``).
 FULL_SCAN_INTERVAL_S = 2.0
-#: Partitions per pop pipeline (``FrontierWorker._pop``'s chunk).
+#: Partitions per pop pipeline (``redis.worker_jobs.POP_CHUNK``).
 POP_CHUNK = 128
-#: Partitions per reap pipeline (``RedisFrontier.reap_all``'s chunk).
+#: Partitions per reap pipeline (``redis.frontier.REAP_CHUNK``).
 REAP_CHUNK = 128
-#: Partitions counted by one census script on one server (``RedisFrontier.census``).
+#: Partitions counted by one census script on one server (``redis.frontier.CENSUS_CHUNK``).
 CENSUS_CHUNK = 256
-#: Seconds between census checks of a worker with room it cannot fill (``CENSUS_INTERVAL_S``).
+#: Seconds between census checks of a worker with room it cannot fill
+#: (``redis.worker_jobs.CENSUS_INTERVAL_S``).
 CENSUS_INTERVAL_S = 0.1
-#: ... once the crawl was found drained (``DRAINED_CENSUS_INTERVAL_S``).
+#: ... once the crawl was found drained (``redis.worker_jobs.DRAINED_CENSUS_INTERVAL_S``).
 DRAINED_CENSUS_INTERVAL_S = 0.5
+#: Share of the reap interval a finished reaper round keeps the lock
+#: (``redis.worker_jobs.REAP_HOLD_FRACTION``).
+REAP_HOLD_FRACTION = 0.8
+#: Idle sleep (s) of a worker while the crawl is not drained, and for a while
+#: after it drained (``redis.worker.ACTIVE_IDLE_SLEEP_S``).
+ACTIVE_IDLE_SLEEP_S = 0.1
 #: Bytes of the stored partition table per partition (owner name + epoch in JSON).
 TABLE_BYTES_PER_PARTITION = 30
 
@@ -217,7 +227,7 @@ class WorkerConfig:
     #: Share of the reap interval a finished round keeps the reaper lock
     #: (``FrontierWorker`` holds it for 0.8 of the interval; 0: released at
     #: once, so every worker's round runs -- the behaviour before the hold).
-    reap_hold_fraction: float = 0.8
+    reap_hold_fraction: float = REAP_HOLD_FRACTION
     #: ``BANKER_REDIS_PARTITIONS``.
     partitions: int = 1024
     #: ``BANKER_TIMESERIES_INTERVAL`` (s): each node SETs its telemetry; None: off.
@@ -240,7 +250,7 @@ class WorkerConfig:
     drained: bool = False
     #: Idle sleep of a drained worker: 0.1 s for 10 s, then up to
     #: ``BANKER_REDIS_IDLE_BACKOFF_MAX``.
-    idle_sleep_s: float = 0.1
+    idle_sleep_s: float = ACTIVE_IDLE_SLEEP_S
     #: Workers joining or leaving the fleet per hour (each one rebalances).
     churn_per_hour: float = 0.0
     #: Client <-> Redis round-trip time (ms): how long one reaper round holds its lock.

@@ -29,12 +29,23 @@ from redis.retry import Retry
 from scrapy_banker.settings import SettingsLike, load_config
 
 __all__ = [
+    "REDIS_ERRORS",
     "RedisUnreachable",
     "redacted_url",
     "redis_cluster_from_settings",
     "redis_from_settings",
     "wait_for_redis",
 ]
+
+#: What a failed Redis call raises once redis-py's own retries are spent.
+REDIS_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.BusyLoadingError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    OSError,
+)
 
 #: Defaults like scrapy-redis's, with bounded timeouts so a dead server is noticed.
 DEFAULT_PARAMS: dict[str, Any] = {

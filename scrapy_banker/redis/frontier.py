@@ -47,6 +47,7 @@ from scrapy_banker.core.bloom import (
     bloom_shard,
     bloom_shard_count,
 )
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 from scrapy_banker.redis.keys import Keyspace, PartitionKeys, decode
 from scrapy_banker.redis.scripts import Busy, Fenced, Refusal, ScriptCall, ScriptRunner
 
@@ -70,47 +71,14 @@ __all__ = [
     "in_bloom",
 ]
 
+#: Partitions reaped per round trip by :meth:`RedisFrontier.reap_all`.
+REAP_CHUNK = 128
+#: Partitions counted by one census script on one server (:meth:`RedisFrontier.census`).
+CENSUS_CHUNK = 256
+
+
 class NotOwner(RuntimeError):
     """The partition is owned by another node or epoch: this node is fenced off."""
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueueOp:
-    """A request to queue, handed from the reactor thread to the worker thread."""
-
-    partition: int
-    fingerprint: str
-    payload: str
-    priority: int = 0
-    #: Queue it even if its fingerprint was seen (Scrapy's ``dont_filter``).
-    dont_filter: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseToken:
-    """One delivery of a leased request: what acks, nacks and dead-letters it.
-
-    The delivery number makes the ack (or nack) of a slow holder whose lease
-    expired -- and went back to the queue, maybe to another node -- a no-op
-    instead of cancelling the new holder's delivery.
-    """
-
-    partition: int
-    id: str
-    delivery: int
-    #: When the pop that leased it was sent (the holder's monotonic clock):
-    #: the lease is known to run at least until then plus the TTL.  Not part
-    #: of the token's identity.
-    leased_at: float = field(default=0.0, compare=False)
-    #: The partition's epoch the holder leased it under (0: unknown).  A
-    #: holder that owns the partition again under a newer epoch -- it was
-    #: stopped, declared dead and joined again -- no longer holds it.
-    epoch: int = field(default=0, compare=False)
-
-    @property
-    def ref(self) -> str:
-        """``id#delivery``, as the ack and nack scripts take it."""
-        return f"{self.id}#{self.delivery}"
 
 
 @dataclass(frozen=True)
@@ -235,8 +203,8 @@ class RedisFrontier:
         #: A cluster pipeline runs each node's commands in parallel: what must
         #: happen in order is sent one round trip per step there.
         self.cluster = hasattr(client, "get_nodes")
-        # Every partition's (queue, leases) keys, for census scans.
-        self._count_keys: list[tuple[str, str, str]] | None = None
+        # Every partition's (meta, leases) keys, for census scans.
+        self._count_keys: list[tuple[str, str]] | None = None
 
     def keys(self, partition: int) -> PartitionKeys:
         return self.keyspace.partition(partition)
@@ -460,7 +428,7 @@ class RedisFrontier:
             k = self.keys(p)
             n = count if counts is None else counts.get(p, count)
             calls.append(ScriptCall(
-                [k.levels, k.leases, k.payloads, k.meta, k.owner, k.queue],
+                [k.levels, k.leases, k.payloads, k.meta, k.owner],
                 [node, int(epoch), self.lease_ttl_ms, int(n)],
             ))  # fmt: skip
         return self.scripts.run("pop", calls)
@@ -516,7 +484,7 @@ class RedisFrontier:
     def outstanding(self, *, any_: bool = False, chunk: int = 128) -> int:
         """Requests queued or leased in the whole crawl: 0 means the crawl is done.
 
-        Three reads per partition (:meth:`_count_into`), ``chunk`` partitions per pipeline (no
+        Two reads per partition (:meth:`_count_into`), ``chunk`` partitions per pipeline (no
         ``SCAN``); called only by idle workers, to decide whether the crawl is
         over.  With ``any_`` the count stops at the first non-empty chunk, in
         a random chunk order: an idle worker of a busy fleet asks this twice a
@@ -540,7 +508,7 @@ class RedisFrontier:
         self,
         *,
         each: bool = False,
-        chunk: int = 256,
+        chunk: int = CENSUS_CHUNK,
         between: Callable[[int], object] | None = None,
     ) -> Census:
         """Count the work left in every partition, between two readings of the version.
@@ -555,13 +523,11 @@ class RedisFrontier:
         the middle of a scan.
         """
         if self._count_keys is None:
-            self._count_keys = [
-                (k.meta, k.leases, k.queue) for k in map(self.keys, range(self.partitions))
-            ]
+            self._count_keys = [(k.meta, k.leases) for k in map(self.keys, range(self.partitions))]
         size = 1 if self.cluster else max(1, chunk)
         calls = []
         for start in range(0, self.partitions, size):
-            keys = [key for three in self._count_keys[start : start + size] for key in three]
+            keys = [key for pair in self._count_keys[start : start + size] for key in pair]
             calls.append(("count", ScriptCall(keys, ["each" if each else "sum"])))
         before = self.finished_version()
         if between is None:
@@ -606,7 +572,7 @@ class RedisFrontier:
                 _count_into(pipe, self.keys(p))
             counts = pipe.execute()
             for i, p in enumerate(part):
-                out[p] = sum(int(n or 0) for n in counts[3 * i : 3 * i + 3])
+                out[p] = sum(int(n or 0) for n in counts[2 * i : 2 * i + 2])
         return out
 
     def clear(self) -> int:
@@ -653,7 +619,7 @@ class RedisFrontier:
         return self._reaped(partition, answer)
 
     def reap_all(
-        self, node: str, lock_ttl_ms: int = 10_000, chunk: int = 128, hold_ms: int = 0
+        self, node: str, lock_ttl_ms: int = 10_000, chunk: int = REAP_CHUNK, hold_ms: int = 0
     ) -> tuple[int, int] | None:
         """Reap every partition, single-flight across the cluster; None if another node is.
 
@@ -786,10 +752,9 @@ def _count_into(pipe: Any, keys: PartitionKeys, *, leased: bool = True) -> None:
     """Queue on ``pipe`` the reads that add up to a partition's work (``int(x or 0)`` each).
 
     The level lists are counted by the meta's ``n`` (what the scripts keep
-    in step), the old layout's zset by its size, and the leases by theirs.
+    in step), the leases by their sorted set's size.
     """
     pipe.hget(keys.meta, "n")
-    pipe.zcard(keys.queue)
     if leased:
         pipe.zcard(keys.leases)
 

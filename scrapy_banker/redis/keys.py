@@ -10,8 +10,8 @@ written by ordinary commands, never inside a script.
 Owning the names here, like RQ's classes own their key templates, keeps
 :meth:`Keyspace.cleared` (what ``BANKER_REDIS_FLUSH_ON_START`` deletes) in
 step with the keys the frontier, the registry and the placement agent
-actually write: a hand-written list of other modules' keys in the frontier
-once missed one, which then survived every flush.
+actually write: no module keeps its own list of another module's keys, so
+none can be left out of a flush.
 """
 
 from __future__ import annotations
@@ -35,14 +35,10 @@ class PartitionKeys:
     #: by Redis a few bytes apart, where a sorted set entry plus a hash entry
     #: per request cost ~200 bytes more (issue #17).
     levels: str
-    #: The layout before the levels (a sorted set of ``<fingerprint>:<seq>``
-    #: ids, payloads in :attr:`payloads`): still drained by the pop script,
-    #: so a fleet can be upgraded worker by worker; nothing new goes there.
-    queue: str
     #: Sorted set of leased ids, scored by expiry on the server's clock.
     leases: str
     #: Hash id -> payload of the requests leased now (queued ones live in
-    #: their level's list; the old layout kept every payload here).
+    #: their level's list).
     payloads: str
     #: Hash: sequence counter, deliveries, scores, lease epochs.
     meta: str
@@ -125,7 +121,6 @@ class Keyspace:
         tag = f"{{{self.prefix}:{partition}}}"
         return PartitionKeys(
             levels=f"{tag}:lv",
-            queue=f"{tag}:q",
             leases=f"{tag}:leases",
             payloads=f"{tag}:payloads",
             meta=f"{tag}:meta",

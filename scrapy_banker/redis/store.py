@@ -38,6 +38,7 @@ from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from scrapy_banker.core.meta import META_LEASE, META_SLOT
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 from scrapy_banker.core.spill import ClaimedSpill, SpillDir, SpillHeader, SpillOps, merge
 from scrapy_banker.core.telemetry import FleetSample, sample_json
 from scrapy_banker.redis.connection import (
@@ -47,9 +48,9 @@ from scrapy_banker.redis.connection import (
     redis_from_settings,
     wait_for_redis,
 )
-from scrapy_banker.redis.frontier import EnqueueOp, LeaseToken, RedisFrontier
+from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
-from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 from scrapy_banker.scheduler.classifier import UnparsableURL
 from scrapy_banker.scheduler.engine import looping_call, requests_in_progress, wake_engine
 from scrapy_banker.scheduler.netaware import Prober, link_stats, site_of
@@ -225,21 +226,24 @@ class RedisLeaseStore:
         settings = self.crawler.settings
         self._concurrent = max(1, settings.getint("CONCURRENT_REQUESTS"))
         per_host = max(1, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))
-        self.worker = FrontierWorker(
-            self.frontier,
-            self.registry,
-            self.node,
+        options = WorkerOptions(
             capacity=rconfig.node_capacity,
             heartbeat_s=rconfig.heartbeat,
             reap_interval_s=rconfig.reap_interval,
             pop_per_partition=rconfig.pop_per_partition,
+            held_cap=max(rconfig.pop_per_partition, per_host + 1),
             idle_backoff_max_s=rconfig.idle_backoff_max,
-            on_ready=self._on_ready,
-            placement=None if self.placement is None else self.placement.agent,
             slots=max(1, self._concurrent // per_host),
             steal=rconfig.steal,
             seen_cache=rconfig.seen_cache,
-            held_cap=max(rconfig.pop_per_partition, per_host + 1),
+        )
+        self.worker = FrontierWorker(
+            self.frontier,
+            self.registry,
+            self.node,
+            options,
+            placement=None if self.placement is None else self.placement.agent,
+            on_ready=self._on_ready,
         )
         fingerprinter = getattr(self.crawler, "request_fingerprinter", None)
         if fingerprinter is None:  # pragma: no cover - Scrapy < 2.7

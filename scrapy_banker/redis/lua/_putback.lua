@@ -3,16 +3,11 @@
 -- was when it was popped.  Its payload was kept in the payloads hash while leased.
 local function put_back(levels, payloads, meta, id)
   local level = redis.call("HGET", meta, "s:" .. id) or "0"
-  if string.find(id, ":", 1, true) then
-    -- Leased from the old layout (ids "<fingerprint>:<seq>"): "s:" holds its
-    -- score -priority * 2^32 + seq.  (0 - x: never the string "-0".)
-    level = tostring(0 - math.floor(tonumber(level) / 4294967296))
-  end
   local payload = redis.call("HGET", payloads, id) or ""
   local list, entry = levels .. ":" .. level, id .. " " .. payload
   -- Behind the requests given back before it that were queued before it
   -- (ids are the partition's sequence): FIFO holds across nacks and reaps.
-  -- Only the first 16 are looked at; the old layout's ids go first.
+  -- Only the first 16 are looked at.
   local mine, ahead = tonumber(id), {}
   if mine then ahead = redis.call("LRANGE", list, 0, 15) end
   local keep = #ahead

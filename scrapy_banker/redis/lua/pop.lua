@@ -1,6 +1,5 @@
 -- Lease up to N requests of a partition to the node that owns it (at-least-once).
--- KEYS: 1 levels, 2 leases (zset id -> expiry ms), 3 payloads, 4 meta,
---       5 owner (string), 6 queue (the old layout's zset, drained last)
+-- KEYS: 1 levels, 2 leases (zset id -> expiry ms), 3 payloads, 4 meta, 5 owner (string)
 -- Meta of a leased id: d: deliveries, e: epoch, s: its priority (deleted at ack);
 -- its payload waits in the payloads hash until the ack.
 -- ARGV: 1 node, 2 epoch, 3 lease ttl ms, 4 count
@@ -54,18 +53,6 @@ while taken < want do
 end
 if taken > 0 then
   redis.call("HINCRBY", KEYS[4], "n", -taken)
-end
-if taken < want then
-  -- The old layout: ids "<fingerprint>:<seq>" scored -priority * 2^32 + seq,
-  -- payloads already in the hash.  "s:" keeps the score (put_back reads it).
-  local popped = redis.call("ZPOPMIN", KEYS[6], want - taken)
-  for i = 1, #popped, 2 do
-    local id = popped[i]
-    lease(id, redis.call("HGET", KEYS[3], id) or "", popped[i + 1])
-    taken = taken + 1
-  end
-end
-if taken > 0 then
   redis.call("HINCRBY", KEYS[4], "h:" .. epoch, taken)
 end
 return out

@@ -60,16 +60,16 @@ def test_a_worker_wakes_the_owner_of_the_partition_it_queued_work_in(
     assert b.popper.pop() == 0  # not known yet: b does not scan
     b.sync.sync()  # reads its ready set
     assert _pop_all(b) == ["for-b"]
-    assert redis_client.scard(b.frontier.keyspace.ready("b")) == 0  # emptied as read
+    assert redis_client.scard(b.link.frontier.keyspace.ready("b")) == 0  # emptied as read
 
 
 def test_a_table_change_reaches_every_worker_at_its_next_sync(redis_client: redis.Redis) -> None:
     a = _worker(redis_client, "a")
     assert len(a.owned) == PARTITIONS
-    version = a.registry.table_version()
+    version = a.link.registry.table_version()
     assert version == a.state.ownership.version >= 1
     b = _worker(redis_client, "b")
-    assert a.registry.table_version() == version + 1
+    assert a.link.registry.table_version() == version + 1
     owned_before = a.owned
     a.sync.sync()
     assert a.owned is not owned_before  # replaced whole: the scheduler notices a loss
@@ -86,7 +86,7 @@ def test_a_partition_held_up_to_the_cap_is_not_popped(redis_client: redis.Redis)
     worker.flusher.run_once()
     assert len(_pop_all(worker)) == 3
     assert _pop_all(worker) == []  # 3 held (buffered or in flight): the cap
-    assert worker.frontier.queued(5) == 7  # left queued, where an idle node may take them
+    assert worker.link.frontier.queued(5) == 7  # left queued, where an idle node may take them
     worker.ack(LeaseToken(5, min(worker.state.leases.held[5]), 1))
     worker.flusher.run_once()
     assert len(_pop_all(worker)) == 1  # room for one more
@@ -128,7 +128,7 @@ def test_an_idle_worker_knows_when_the_whole_crawl_is_drained(redis_client: redi
     a.drain.check(1.0)
     assert a.drained_since is None  # b's partition holds work
     b.sync.sync()
-    (leased,) = b.frontier.pop_many(b.owned, "b").leased
+    (leased,) = b.link.frontier.pop_many(b.owned, "b").leased
     a.drain.check(2.0)
     assert a.drained_since is None  # leased: not done until acked
     b.ack(leased.token)
@@ -204,7 +204,7 @@ def test_a_lease_is_held_only_while_its_pop_or_last_renewal_is_recent(
     # A heartbeat renews every held lease: they are good again from then on.
     now[0] = 1040.0
     worker.membership.beat()
-    assert worker.renewed_at == 1040.0
+    assert worker.state.leases.renewed_at == 1040.0
     assert all(worker.holds(t, 1040.0 + 47) for t in tokens)
     # Stopped for 70 s (longer than the TTL): nothing is held any more, and
     # what the reaper does meanwhile is why.
@@ -226,3 +226,27 @@ def test_a_worker_retries_redis_at_least_once_a_heartbeat(redis_client: redis.Re
     # declared dead by the others (chaos soak): the cap follows the heartbeat.
     assert _worker(redis_client, "a", heartbeat_s=1.5).error_backoff_max_s == 1.5
     assert _worker(redis_client, "b", heartbeat_s=30.0).error_backoff_max_s == 10.0
+
+
+def test_one_step_runs_each_job_when_it_is_due(redis_client: redis.Redis) -> None:
+    """The loop's round: join, send, lease; then, with nothing to do, the drain check."""
+    now = [100.0]
+    worker = _worker(redis_client, "a", clock=lambda: now[0], heartbeat_s=2.0, reap_interval_s=5.0)
+    worker.membership.next_at = 0.0  # the first step beats again
+    worker.enqueue(EnqueueOp(3, "fp", "p"))
+    worker.request(10)
+    assert worker.step()  # beat, flush, reap, sync, pop
+    (leased,) = worker.inbound
+    assert leased.payload == "p" and len(worker.owned) == PARTITIONS
+    counters = worker.take_counters()
+    assert counters["banker/redis/enqueued"] == counters["banker/redis/popped"] == 1
+    assert (worker.membership.next_at, worker.reaper.next_at) == (102.0, 105.0)
+    assert worker.sync.next_at == pytest.approx(100.1)
+    worker.inbound.clear()
+    worker.ack(leased.token)
+    worker.local_idle = True
+    assert worker.step()  # the ack is sent; the crawl is not known to be over yet
+    assert worker.drained_since is None
+    assert not worker.step()  # nothing sent or leased: the census finds the crawl drained
+    assert worker.drained_since == 100.0
+    assert worker.take_counters()["banker/redis/drain_checks"] == 1

@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.core.spill import SpillOps
-    from scrapy_banker.net.partitions import PartitionTable
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.redis.registry import NodeRegistry
@@ -174,18 +173,6 @@ class FrontierWorker:
     # -- what the reactor thread reads -------------------------------------------------
 
     @property
-    def frontier(self) -> RedisFrontier:
-        return self.link.frontier
-
-    @property
-    def registry(self) -> NodeRegistry:
-        return self.link.registry
-
-    @property
-    def node(self) -> str:
-        return self.link.node
-
-    @property
     def owned(self) -> dict[int, int]:
         """Partition -> epoch this node may pop; replaced whole, so a read is atomic."""
         return self.state.ownership.owned
@@ -193,11 +180,6 @@ class FrontierWorker:
     @owned.setter
     def owned(self, owned: dict[int, int]) -> None:
         self.state.ownership.owned = owned
-
-    @property
-    def table(self) -> PartitionTable | None:
-        """The partition table as last loaded."""
-        return self.state.ownership.table
 
     @property
     def seen(self) -> set[str]:
@@ -228,16 +210,11 @@ class FrontierWorker:
     def hungry(self, value: bool) -> None:
         self.state.signals.hungry = value
 
-    @property
-    def renewed_at(self) -> float:
-        """When the last renewal round of every held lease was sent (monotonic)."""
-        return self.state.leases.renewed_at
-
     # -- reactor-thread API ---------------------------------------------------------
 
     def start(self) -> None:
         self._thread = threading.Thread(
-            target=self._run, name=f"banker-redis-{self.node}", daemon=True
+            target=self._run, name=f"banker-redis-{self.link.node}", daemon=True
         )
         self._thread.start()
 
@@ -312,7 +289,7 @@ class FrontierWorker:
         look owned here, since the table is reloaded only on the next step;
         see :meth:`LeaseBook.holds <scrapy_banker.redis.worker_state.LeaseBook.holds>`.
         """
-        ttl_s = self.frontier.lease_ttl_ms / 1000
+        ttl_s = self.link.frontier.lease_ttl_ms / 1000
         return self.state.leases.holds(token, self.owned, ttl_s, now)
 
     def pending_ops(self) -> int:

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import LeaseToken, RedisFrontier
+from scrapy_banker.core.ops import LeaseToken
+from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker

@@ -213,9 +213,10 @@ def test_a_lease_is_held_only_while_its_pop_or_last_renewal_is_recent(
     # epoch's leases were reaped and may be another node's; renewals do not
     # say whose, so they vouch for nothing.
     assert all(t.epoch == worker.owned[2] for t in tokens)
-    worker.owned = {**worker.owned, 2: worker.owned[2] + 1}
+    ownership = worker.state.ownership
+    ownership.owned = {**ownership.owned, 2: ownership.owned[2] + 1}
     assert not any(worker.holds(t, 1040.0 + 1) for t in tokens)
-    worker.owned = {p: e for p, e in worker.owned.items() if p != 2}
+    ownership.drop([2])
     assert not any(worker.holds(t, 1040.0 + 1) for t in tokens)  # lost
     # The token's time is not part of its identity (acks, nacks, dict keys).
     assert tokens[0] == LeaseToken(tokens[0].partition, tokens[0].id, tokens[0].delivery)

@@ -177,10 +177,6 @@ class FrontierWorker:
         """Partition -> epoch this node may pop; replaced whole, so a read is atomic."""
         return self.state.ownership.owned
 
-    @owned.setter
-    def owned(self, owned: dict[int, int]) -> None:
-        self.state.ownership.owned = owned
-
     @property
     def seen(self) -> set[str]:
         """Fingerprints Redis confirmed are seen (:attr:`Flusher.seen

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+from conftest import run_python
+
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
+
+pytestmark = [pytest.mark.slow, pytest.mark.scrapy213]
 
 SPIDER = textwrap.dedent(
     '''
@@ -99,13 +102,7 @@ def test_every_end_path_releases_and_nothing_leaks(tmp_path: Path) -> None:
     script.write_text(SPIDER)
     stats_file = tmp_path / "stats.json"
     with WebFarm(config) as farm:
-        proc = subprocess.run(
-            [sys.executable, str(script), str(farm.port), "4", str(stats_file), "3"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = run_python(script, str(farm.port), "4", stats_file, "3", timeout=120)
         server = farm.stats()
     stats = json.loads(stats_file.read_text())
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

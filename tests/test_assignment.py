@@ -11,15 +11,12 @@ needless moves), which are asserted exactly, not statistically.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+from conftest import BENCH, run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -40,8 +37,6 @@ from scrapy_banker.net.assignment import (
     top_k,
 )
 from scrapy_banker.net.partitions import target_counts
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _check_matching(cost: FloatArray, rows: IntArray, cols: IntArray) -> None:
@@ -437,11 +432,10 @@ def test_assign_batched_gives_each_task_its_node_when_nothing_competes() -> None
     np.testing.assert_array_equal(assign_batched(cost, batch=2), favourite)
 
 
-def test_assign_batched_is_fast_at_cluster_scale() -> None:
+def test_assign_batched_balances_at_cluster_scale() -> None:
+    # ~0.1 s; how fast is the benchmarks' business (benchmarks/assignment_scale.py).
     cost = np.random.default_rng(9).random((10_000, 100))
-    started = time.perf_counter()
     owners = assign_batched(cost)
-    assert time.perf_counter() - started < 3.0  # ~0.1 s; loose for busy CI machines
     assert np.bincount(owners, minlength=100).tolist() == [100] * 100
 
 
@@ -623,21 +617,14 @@ def test_reassign_errors(kwargs: dict[str, object], message: str) -> None:
 # -- the benchmark ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_benchmark_tiny_reports_no_mismatch() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "assignment_scale.py"), "--tiny"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = run_python(BENCH / "assignment_scale.py", "--tiny", timeout=120)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) > 1, "human-readable lines must precede the JSON line"
     result = json.loads(lines[-1])
     assert result["mismatches"] == 0 and result["matrices"] > 0
-    assert 0 < result["seconds"] < 5
+    assert result["seconds"] > 0  # how fast is the benchmark's report, not a test's
     assert result["moved"] == result["moved_lower_bound"] > 0
     assert result["moved_survivors"] == 0
     assert result["total_cost"] < result["random_cost"]

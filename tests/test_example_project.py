@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from conftest import PROJECT, farm_fixture, run_python, run_scrapy
 
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
-ROOT = Path(__file__).resolve().parent.parent
-PROJECT = ROOT / "example_project"
+pytestmark = [pytest.mark.slow, pytest.mark.scrapy213]
+
 HOSTS = 6
 
-
-@pytest.fixture(scope="module")
-def farm() -> WebFarm:
-    with WebFarm(FarmConfig(seed=7, hosts=HOSTS, total_pages=240, latency_ms=2.0)) as f:
-        yield f
+farm = farm_fixture(FarmConfig(seed=7, hosts=HOSTS, total_pages=240, latency_ms=2.0))
 
 
 def _crawl(farm: WebFarm, tmp: Path, *settings: str) -> tuple[dict[str, object], list[dict]]:
@@ -69,12 +64,7 @@ def test_default_scheduler_fetches_the_same_pages(farm: WebFarm, tmp_path: Path)
 
 
 def test_demo_prints_summary() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(PROJECT / "run_demo.py"), "--hosts", "4", "--pages", "80",
-         "--latency-ms", "0"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = run_python(PROJECT / "run_demo.py", "--hosts", "4", "--pages", "80", "--latency-ms", "0")
     assert "scrapy-banker demo summary" in proc.stdout
     line = next(ln for ln in proc.stdout.splitlines() if "pages fetched" in ln)
     fetched, total = int(line.split()[2]), int(line.split()[4])
@@ -111,16 +101,15 @@ def _crawl_keep_farm(
     """Run ``scrapy crawl farm`` in example_project; return its final stats and items."""
     tmp.mkdir(parents=True, exist_ok=True)
     stats_file, items_file = tmp / "stats.json", tmp / "items.jsonl"
-    cmd = [
-        sys.executable, "-m", "scrapy", "crawl", "farm",
+    args = [
+        "crawl", "farm",
         "-a", f"port={farm.port}", "-a", f"hosts={farm.model.hosts}",
         "-s", f"BANKER_STATS_FILE={stats_file}", "-s", "LOG_LEVEL=WARNING",
         "-O", str(items_file),
     ]  # fmt: skip
     for s in settings:
-        cmd += ["-s", s]
-    proc = subprocess.run(cmd, cwd=PROJECT, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        args += ["-s", s]
+    proc = run_scrapy(*args)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     items = [json.loads(line) for line in items_file.read_text().splitlines()]
     return json.loads(stats_file.read_text()), items

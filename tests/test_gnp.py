@@ -2,17 +2,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import BENCH, PLANETLAB, run_python
 
 from scrapy_banker.net import gnp
-
-ROOT = Path(__file__).resolve().parent.parent
-PLANETLAB = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
 
 
 def euclidean_world(n: int, dims: int, seed: int = 0) -> np.ndarray:
@@ -141,6 +137,7 @@ def test_planetlab_matrix_is_shipped_with_its_licence() -> None:
     assert "MIT License" in licence
 
 
+@pytest.mark.slow
 def test_gnp_accuracy_benchmark_runs(tmp_path: Path) -> None:
     # A small noisy world keeps this fast; the PlanetLab figures are in the docs.
     m = euclidean_world(70, 3, seed=9) * np.random.default_rng(1).lognormal(0, 0.05, (70, 70))
@@ -148,23 +145,10 @@ def test_gnp_accuracy_benchmark_runs(tmp_path: Path) -> None:
     np.fill_diagonal(m, 0)
     path = tmp_path / "world.tsv"
     np.savetxt(path, m, fmt="%.3f", delimiter="\t")
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gnp_accuracy.py"),
-            "--matrix",
-            str(path),
-            "--landmarks",
-            "6",
-            "--dims",
-            "3",
-            "--baseline-seeds",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
+    out = run_python(
+        BENCH / "gnp_accuracy.py",
+        *("--matrix", path, "--landmarks", "6", "--dims", "3", "--baseline-seeds", "1"),
         timeout=300,
-        check=True,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["pairs"] == 64 * 63 // 2

@@ -94,6 +94,7 @@ def test_the_pure_folders_hold_the_cores() -> None:
     assert len(CORES) >= 15
 
 
+@pytest.mark.slow  # a fresh interpreter per core
 @pytest.mark.parametrize("core", CORES)
 def test_core_imports_nothing_from_scrapy_twisted_or_redis(core: str) -> None:
     assert forbidden_loaded(core) == []
@@ -128,6 +129,7 @@ def test_every_folder_and_root_module_has_a_layer() -> None:
     assert names - {"__init__"} == set(LAYERS)
 
 
+@pytest.mark.slow
 def test_detectors_flag_a_module_that_imports_scrapy(tmp_path: Path) -> None:
     # Without this, a probe that silently saw nothing would pass every core.
     assert "scrapy" in forbidden_loaded("scrapy_banker.scheduler.serialize")
@@ -140,6 +142,7 @@ def test_detectors_flag_a_module_that_imports_scrapy(tmp_path: Path) -> None:
     assert "scrapy" in forbidden_loaded("innocent", cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_interpreter_starts_without_forbidden_modules() -> None:
     # A .pth file or sitecustomize importing Scrapy would make every core fail.
     assert forbidden_loaded("json") == []
@@ -196,6 +199,7 @@ def test_every_meta_key_has_a_reference_entry() -> None:
     assert documented == set(meta.ALL_KEYS)
 
 
+@pytest.mark.slow
 def test_starting_a_worker_does_not_import_scipy() -> None:
     # scipy.optimize costs ~0.45 s of CPU to import; every worker names the
     # placement modes (BANKER_PLACEMENT is validated against the strategies'

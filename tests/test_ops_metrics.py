@@ -17,12 +17,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from conftest import farm_fixture
 from prometheus_client.parser import text_string_to_metric_families
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
@@ -82,11 +82,8 @@ process.start()
 """
 
 
-@pytest.fixture(scope="module")
-def farm() -> Iterator[WebFarm]:
-    # ~500 pages on 12 hosts at 40 ms, 8 at a time: a crawl of a few seconds.
-    with WebFarm(FarmConfig(seed=7, hosts=12, total_pages=500, latency_ms=40.0)) as f:
-        yield f
+# ~500 pages on 12 hosts at 40 ms, 8 at a time: a crawl of a few seconds.
+farm = farm_fixture(FarmConfig(seed=7, hosts=12, total_pages=500, latency_ms=40.0))
 
 
 def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

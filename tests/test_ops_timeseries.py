@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import farm_fixture
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
@@ -24,10 +24,7 @@ INTERVAL = 0.2
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def farm() -> Iterator[WebFarm]:
-    with WebFarm(FarmConfig(seed=9, hosts=10, total_pages=300, latency_ms=40.0)) as f:
-        yield f
+farm = farm_fixture(FarmConfig(seed=9, hosts=10, total_pages=300, latency_ms=40.0))
 
 
 @pytest.mark.slow

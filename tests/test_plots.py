@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import struct
 import subprocess
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from conftest import PROJECT, run_python, run_scrapy
 
 from scrapy_banker.core.telemetry import (
     BankerSample,
@@ -30,7 +29,6 @@ from scrapy_banker.core.telemetry import (
 from scrapy_banker.ops.commands import CommandError
 from scrapy_banker.ops.plots import CHARTS, _Timeline, plot_samples, read_samples
 
-ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: matplotlib writes these 1200 x 750 charts at 65-110 KB with this data; a
 #: chart with titles, axes and flat lines only is already 34-46 KB, so the size
@@ -223,13 +221,11 @@ def _write(path: Path, samples: list[Sample], extra: str = "") -> Path:
 
 
 def _banker(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy.cmdline", "banker", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    """``scrapy banker ...`` in ``cwd``, whatever its exit code."""
+    return run_python("-m", "scrapy.cmdline", "banker", *args, cwd=cwd, timeout=120, expect=None)
 
 
+@pytest.mark.slow
 def test_plot_command_writes_the_pngs_of_two_node_files(tmp_path: Path) -> None:
     samples = build_samples()
     a = _write(tmp_path / "a.jsonl", [s for s in samples if s.node == "worker-a"], '{"bad')
@@ -245,6 +241,7 @@ def test_plot_command_writes_the_pngs_of_two_node_files(tmp_path: Path) -> None:
     assert len(warnings) == 1 and "skipped 1 line" in warnings[0], proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -290,12 +287,13 @@ def test_plot_run_reads_the_configured_file_and_refuses_bad_input(tmp_path: Path
         plot.run(Namespace(timeseries=[str(record)], plot_dir=str(blocker / "x")), settings)
 
 
+@pytest.mark.slow
 def test_plots_module_does_not_import_matplotlib_until_it_draws() -> None:
     code = (
         "import sys, scrapy_banker.ops.plots, scrapy_banker.ops.commands.plot;"
         "print('matplotlib' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python("-c", code)
     assert out.stdout.strip() == "False"
 
 
@@ -366,14 +364,10 @@ def test_demo_project_crawl_records_a_time_series_that_plots(tmp_path: Path) -> 
 
     timeseries = tmp_path / "ts.jsonl"
     with WebFarm(FarmConfig(seed=5, hosts=6, total_pages=300, latency_ms=20.0)) as farm:
-        crawl = subprocess.run(
-            [sys.executable, "-m", "scrapy", "crawl", "farm", "-a", f"port={farm.port}",
-             "-a", "hosts=6", "-s", f"BANKER_TIMESERIES_FILE={timeseries}",
-             "-s", "BANKER_TIMESERIES_INTERVAL=0.1", "-s", "LOG_LEVEL=WARNING"],
-            cwd=ROOT / "example_project", capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
+        run_scrapy("crawl", "farm", "-a", f"port={farm.port}", "-a", "hosts=6",
+                   "-s", f"BANKER_TIMESERIES_FILE={timeseries}",
+                   "-s", "BANKER_TIMESERIES_INTERVAL=0.1", "-s", "LOG_LEVEL=WARNING")  # fmt: skip
         expected = len(farm.expected_urls())
-    assert crawl.returncode == 0, crawl.stderr[-3000:]
     samples, bad = read_samples([timeseries])
     assert bad == []
     assert len(samples) >= 5
@@ -382,7 +376,7 @@ def test_demo_project_crawl_records_a_time_series_that_plots(tmp_path: Path) -> 
     assert set(samples[-1].topics) >= {"news", "products", "archive"}
 
     out = tmp_path / "plots"
-    proc = _banker("plot", str(timeseries), "-o", str(out), cwd=ROOT / "example_project")
+    proc = _banker("plot", str(timeseries), "-o", str(out), cwd=PROJECT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(out / "pages_per_topic.png"),
                                    str(out / "active_downloads.png")]  # fmt: skip
@@ -399,11 +393,7 @@ def test_crawl_with_banker_admission_plots_its_allocation(tmp_path: Path) -> Non
     script, timeseries = tmp_path / "spider.py", tmp_path / "ts.jsonl"
     script.write_text(ADMISSION_SPIDER)
     with WebFarm(FarmConfig(seed=11, hosts=4, total_pages=160, latency_ms=20.0)) as farm:
-        crawl = subprocess.run(
-            [sys.executable, str(script), str(farm.port), "4", str(timeseries)],
-            capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
-    assert crawl.returncode == 0, crawl.stderr[-3000:]
+        run_python(script, str(farm.port), "4", timeseries)
     samples, bad = read_samples([timeseries])
     assert bad == []
     banker = [s.banker for s in samples if s.banker is not None]
@@ -422,12 +412,8 @@ def test_crawl_with_banker_admission_plots_its_allocation(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_demo_writes_its_plots_and_says_where(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "example_project" / "run_demo.py"), "--hosts", "4",
-         "--pages", "120", "--latency-ms", "5", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = run_python(PROJECT / "run_demo.py", "--hosts", "4", "--pages", "120",
+                      "--latency-ms", "5", "--out", tmp_path)  # fmt: skip
     for name in ("pages_per_topic.png", "active_downloads.png"):
         path = tmp_path / "plots" / name
         assert str(path) in proc.stdout

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import scrapy
+from conftest import run_python
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler, Scheduler
 from scrapy.utils.test import get_crawler
@@ -414,9 +415,6 @@ def _drop_in_crawl(
     tmp_path: Path, jobdir: str, scheduler: str = "scrapy_banker.scheduler.BankerScheduler",
     *extra: str,
 ) -> tuple[dict[str, Any], dict[str, str], str]:
-    import subprocess
-    import sys
-
     from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
     script = tmp_path / "spider.py"
@@ -425,12 +423,9 @@ def _drop_in_crawl(
     data_file.write_text("from a file\n")
     stats_file = tmp_path / "stats.json"
     with WebFarm(FarmConfig(seed=3, hosts=2, total_pages=4, latency_ms=1.0)) as farm:
-        proc = subprocess.run(
-            [sys.executable, str(script), str(farm.port), str(data_file), str(stats_file),
-             jobdir, scheduler, *extra],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = run_python(
+            script, str(farm.port), data_file, stats_file, jobdir, scheduler, *extra, timeout=120
+        )
     stats = json.loads(stats_file.read_text())
     lines = Path(f"{stats_file}.items.jsonl").read_text().splitlines()
     items = [json.loads(line) for line in lines]
@@ -444,6 +439,8 @@ def _assert_all_fetched(fetched: dict[str, str], tmp_path: Path) -> None:
     assert len(fetched) == 5  # and both farm pages
 
 
+@pytest.mark.slow
+@pytest.mark.scrapy213
 def test_data_and_file_urls_are_fetched_with_scrapys_memory_stats(tmp_path: Path) -> None:
     stats, fetched, log = _drop_in_crawl(tmp_path, "-")
     _assert_all_fetched(fetched, tmp_path)
@@ -455,6 +452,8 @@ def test_data_and_file_urls_are_fetched_with_scrapys_memory_stats(tmp_path: Path
     assert "WARNING: Disabled" not in log and "[scrapy.middleware] WARNING" not in log
 
 
+@pytest.mark.slow
+@pytest.mark.scrapy213
 def test_jobdir_counts_disk_and_unserializable_as_scrapy_does(tmp_path: Path) -> None:
     stats, fetched, _ = _drop_in_crawl(tmp_path, str(tmp_path / "job"))
     _assert_all_fetched(fetched, tmp_path)
@@ -464,6 +463,8 @@ def test_jobdir_counts_disk_and_unserializable_as_scrapy_does(tmp_path: Path) ->
     assert stats["scheduler/unserializable"] == 1
 
 
+@pytest.mark.slow
+@pytest.mark.scrapy213
 def test_data_and_file_urls_through_the_redis_store(
     tmp_path: Path, redis_server: Any
 ) -> None:
@@ -516,6 +517,8 @@ process.start()
 '''
 
 
+@pytest.mark.slow
+@pytest.mark.scrapy213
 @pytest.mark.parametrize(
     ("reactor", "scheduler", "polite"),
     [
@@ -538,9 +541,6 @@ process.start()
 def test_per_domain_limit_holds_under_both_reactors(
     tmp_path: Path, reactor: str, scheduler: str, polite: bool
 ) -> None:
-    import subprocess
-    import sys
-
     from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
     script = tmp_path / "spider.py"
@@ -549,13 +549,9 @@ def test_per_domain_limit_holds_under_both_reactors(
     config = FarmConfig(seed=2, hosts=1, total_pages=300, latency_ms=20.0,
                         cross_host_link_prob=0.0)  # fmt: skip
     with WebFarm(config) as farm:
-        proc = subprocess.run(
-            [sys.executable, str(script), str(farm.port), str(stats_file), reactor, scheduler],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        run_python(script, str(farm.port), stats_file, reactor, scheduler, timeout=120)
         server = farm.stats()
         expected = len(farm.expected_urls([farm.model.url(0, "/", farm.port)]))
-    assert proc.returncode == 0, proc.stderr[-3000:]
     stats = json.loads(stats_file.read_text())
     assert stats["finish_reason"] == "finished"
     assert stats["response_received_count"] == expected

@@ -16,19 +16,15 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import BENCH, run_python
 
 from scrapy_banker.testing.farm import FarmModel
-
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks"
 
 #: Every key the module docstring documents, per policy and workload.
 RATES = (
@@ -76,15 +72,7 @@ def _finite(value: Any) -> bool:
 
 @pytest.mark.slow
 def test_tiny_run_reports_every_key_and_the_paper_result() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "deadlock.py"), "--tiny"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_python(BENCH / "deadlock.py", "--tiny", timeout=120)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) > 1, "human-readable lines must precede the JSON line"
     result = json.loads(lines[-1])

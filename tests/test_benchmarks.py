@@ -13,17 +13,14 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import BENCH, run_python
 from scrapy.core.scheduler import Scheduler
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks"
 PEERS = ("banker", "scrapy_pq", "dapq")
 
 
@@ -34,15 +31,8 @@ def _module(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def _run(script: str, *args: str, timeout: float = 120) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    """Run a benchmark as a user would; its last line of output is its JSON object."""
+    proc = run_python(BENCH / script, *args, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) > 1, "human-readable lines must precede the JSON line"
     result = json.loads(lines[-1])

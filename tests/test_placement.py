@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,6 +11,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 import redis
+from conftest import PLANETLAB, farm_fixture
 
 from scrapy_banker.net import gnp, placement
 from scrapy_banker.net.partitions import PartitionTable
@@ -35,9 +35,6 @@ from scrapy_banker.settings import DEFAULTS, load_placement_config
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
-
-ROOT = Path(__file__).resolve().parent.parent
-PLANETLAB = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
 
 
 def world(
@@ -411,15 +408,13 @@ NODES = ("w0", "w1", "w2")
 HOSTS = 12
 
 
-@pytest.fixture(scope="module")
-def wan_farm() -> Iterator[tuple[WebFarm, np.ndarray]]:
-    m = gnp.read_rtt_matrix(PLANETLAB)
+def _wan_config(_: pytest.TempPathFactory) -> FarmConfig:
     # Three nodes far apart (Europe / US / Asia-like) and sites spread among them.
     rows = {"w0": 0, "w1": 120, "w2": 300}
     rng = np.random.default_rng(7)
     others = [c for c in range(490) if c not in rows.values()]
     cols = {i: int(c) for i, c in enumerate(rng.choice(others, size=HOSTS, replace=False))}
-    config = FarmConfig(
+    return FarmConfig(
         seed=21,
         hosts=HOSTS,
         total_pages=360,
@@ -428,9 +423,18 @@ def wan_farm() -> Iterator[tuple[WebFarm, np.ndarray]]:
         host_columns=cols,
         latency_scale=1.0,
     )
+
+
+wan_web = farm_fixture(_wan_config)
+
+
+@pytest.fixture(scope="module")
+def wan_farm(wan_web: WebFarm) -> tuple[WebFarm, np.ndarray]:
+    """The WAN farm and its true node x host RTTs (ms)."""
+    m = gnp.read_rtt_matrix(PLANETLAB)
+    rows, cols = wan_web.config.node_rows, wan_web.config.host_columns
     true = np.array([[m[rows[n], cols[h]] for h in range(HOSTS)] for n in NODES])
-    with WebFarm(config) as farm:
-        yield farm, true
+    return wan_web, true
 
 
 def _crawl_with_fleet(
@@ -507,6 +511,7 @@ def _crawl_with_fleet(
     return table, stats, sites
 
 
+@pytest.mark.slow
 def test_fleet_moves_each_site_to_its_nearest_node(
     wan_farm: tuple[WebFarm, np.ndarray],
     redis_server: RedisServer,
@@ -529,6 +534,7 @@ def test_fleet_moves_each_site_to_its_nearest_node(
     assert paid < 0.6 * true.mean()  # hash placement pays the mean RTT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cost", ["latency", "bandwidth"])
 def test_fleet_hungarian_balances_sites_and_loses_nothing(
     wan_farm: tuple[WebFarm, np.ndarray],
@@ -563,6 +569,7 @@ def test_fleet_hungarian_balances_sites_and_loses_nothing(
         assert paid < 0.8 * true.mean(), (paid, true.mean())
 
 
+@pytest.mark.slow
 def test_fleet_least_loaded_topk_gives_the_largest_sites_their_nearest_node(
     wan_farm: tuple[WebFarm, np.ndarray],
     redis_server: RedisServer,

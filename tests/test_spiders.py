@@ -29,13 +29,13 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from conftest import TESTS, farm_fixture, run_python
 from spider_matrix import (
     REDIS_SPIDERS,
     SPIDERS,
@@ -56,20 +56,27 @@ PER_HOST = 2
 CONCURRENT = 16
 #: Responses per crawler before the first run of a resume mode stops or is killed.
 STOP_AFTER = 5
-RUNNER = Path(__file__).parent / "spider_matrix.py"
+RUNNER = TESTS / "spider_matrix.py"
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebFarm]:
+def _sites_config(tmp_path_factory: pytest.TempPathFactory) -> FarmConfig:
     root = tmp_path_factory.mktemp("sites")
     sites = {host_of(name): str(root / name) for name in SPIDERS}
     for path in sites.values():
         Path(path).mkdir()
-    config = FarmConfig(hosts=1, total_pages=1, latency_ms=30.0, static_sites=sites)
-    with WebFarm(config) as farm:
-        for name in SPIDERS:
-            write_site(root / name, host_of(name), farm.port)
-        yield farm
+    return FarmConfig(hosts=1, total_pages=1, latency_ms=30.0, static_sites=sites)
+
+
+sites_farm = farm_fixture(_sites_config)
+
+
+@pytest.fixture(scope="module")
+def site(sites_farm: WebFarm) -> WebFarm:
+    """The farm serving every spider's site (written once the farm's port is known)."""
+    for name in SPIDERS:
+        host = host_of(name)
+        write_site(Path(sites_farm.config.static_sites[host]), host, sites_farm.port)
+    return sites_farm
 
 
 @dataclass
@@ -120,16 +127,17 @@ def _start(spec: dict[str, Any], path: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
 
 
-def _finish(proc: subprocess.Popen[bytes], killed: bool = False) -> None:
+def _finish(proc: subprocess.Popen[bytes]) -> None:
     _, err = proc.communicate(timeout=240)
-    expected = -9 if killed else 0
-    assert proc.returncode == expected, err.decode("utf-8", "replace")[-3000:]
+    assert proc.returncode == 0, err.decode("utf-8", "replace")[-3000:]
 
 
 def _run(tmp: Path, tag: str, spec: dict[str, Any], killed: bool = False) -> Run:
     out = tmp / tag
     out.mkdir()
-    _finish(_start({**spec, "out": str(out)}, tmp / f"{tag}.json"), killed)
+    path = tmp / f"{tag}.json"
+    path.write_text(json.dumps({**spec, "out": str(out)}), "utf-8")
+    run_python(RUNNER, path, expect=-9 if killed else 0)
     return _collect(out)
 
 

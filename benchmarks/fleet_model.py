@@ -55,9 +55,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis
 import redis.connection
 
+from scrapy_banker.core.ops import EnqueueOp
 from scrapy_banker.net import fleetmodel
 from scrapy_banker.net.fleetmodel import CostTable, OpCost, WorkerConfig
-from scrapy_banker.redis.frontier import EnqueueOp, Leased, RedisFrontier
+from scrapy_banker.redis.frontier import Leased, RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 from scrapy_banker.testing.redis_server import RedisServer

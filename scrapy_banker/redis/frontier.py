@@ -60,9 +60,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Census",
-    "EnqueueOp",
     "Flushed",
-    "LeaseToken",
     "Leased",
     "NotOwner",
     "PartitionKeys",

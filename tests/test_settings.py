@@ -5,10 +5,10 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ROOT
 
 from scrapy_banker.settings import (
     DEFAULTS,
@@ -149,7 +149,7 @@ def test_invalid_values_name_setting_value_and_allowed(
 
 def _documented() -> dict[str, tuple[str, str]]:
     """Setting -> (heading of the group it is documented under, its section)."""
-    doc = (Path(__file__).parent.parent / "docs" / "settings.rst").read_text(encoding="utf-8")
+    doc = (ROOT / "docs" / "settings.rst").read_text(encoding="utf-8")
     out: dict[str, tuple[str, str]] = {}
     group = ""
     lines = doc.splitlines()

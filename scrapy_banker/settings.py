@@ -455,7 +455,7 @@ def _dedup_error(name: str, value: Any, ctx: Context) -> float:
 
 
 def _connect_timeout(name: str, value: Any, ctx: Context) -> float:
-    """Seconds a worker waits for Redis at start-up; 0 waits forever (the old behaviour)."""
+    """Seconds a worker waits for Redis at start-up; 0 waits forever (its thread retries)."""
     try:
         return _as_float(name, value, 0.0, strict=False)
     except ValueError:

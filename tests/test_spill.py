@@ -2,7 +2,7 @@
 
 The file holds the worker's own operation values
 (:class:`~scrapy_banker.core.ops.EnqueueOp`, :class:`~scrapy_banker.core.ops.LeaseToken`);
-a file written before must still be read and written the same, byte for byte.
+a file already on disk must still be read, and written again byte for byte.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ __all__ = [
     "seen_lines",
 ]
 
-#: Version of the snapshot + journal layout (the clean-stop-only layout was 1).
+#: Version of the snapshot + journal layout (1 is the clean-stop-only layout, not read).
 SNAPSHOT_VERSION = 2
 
 _PAYLOAD_SEP = ',"r":'

@@ -61,7 +61,7 @@ IntArray = npt.NDArray[np.int64]
 #: nodes, a no-op -- and tasks that want the same node are split across
 #: batches by chance.  Twice the share lets a popular node take several good
 #: tasks at once: 2-12% lower total cost than 1 on 10 of 12 random and
-#: latency-like test matrices (at most 4% higher on the other two); 3 was no
+#: latency-like test matrices (at most 4% higher on the other two); 3 is no
 #: better overall.
 _SLOT_SLACK = 2
 
@@ -443,8 +443,8 @@ def _scipy_lsa() -> Callable[[FloatArray], tuple[IntArray, IntArray]]:
     ``scipy.optimize`` costs ~0.45 s of CPU to import; every worker imports
     this module (the placement strategies name the allowed
     ``BANKER_PLACEMENT`` modes), but only a placement plan solves anything.
-    Four workers starting together on two cores lost ~1 s before their
-    first request to that import.
+    Imported eagerly, it would cost four workers starting together on two
+    cores ~1 s before their first request.
     """
     from scipy.optimize import linear_sum_assignment
 

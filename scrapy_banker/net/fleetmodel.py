@@ -121,7 +121,7 @@ KINDS: tuple[str, ...] = (
     "del",
 )
 
-#: Categories the load is reported by (the issue's list).
+#: Categories the load is reported by, in report order.
 CATEGORIES: tuple[str, ...] = (
     "enqueue",
     "pop",
@@ -226,7 +226,7 @@ class WorkerConfig:
     reap_interval_s: float = 5.0
     #: Share of the reap interval a finished round keeps the reaper lock
     #: (``FrontierWorker`` holds it for 0.8 of the interval; 0: released at
-    #: once, so every worker's round runs -- the behaviour before the hold).
+    #: once, so every worker's round runs -- the unheld lock, for comparison).
     reap_hold_fraction: float = REAP_HOLD_FRACTION
     #: ``BANKER_REDIS_PARTITIONS``.
     partitions: int = 1024
@@ -498,8 +498,8 @@ def reap_rounds_per_s(cfg: WorkerConfig, workers: int, costs: CostTable) -> tupl
     ``R / workers`` later -- so a round every ``D + h + min((1 - h/R) R,
     R / workers)``.  Without the hold (``h = 0``) it is an Erlang loss system
     with one server: of ``λ = workers / R`` attempts a second, ``λ / (1 +
-    λ D)`` reap -- every worker's round, which the fleet-size benchmark
-    measured as a third of Redis's CPU at 100 workers before the hold.
+    λ D)`` reap -- every worker's round: a third of Redis's CPU at 100
+    workers in the fleet-size benchmark, which is what the hold saves.
     """
     m = cfg.partitions
     rtt = cfg.rtt_ms / 1000

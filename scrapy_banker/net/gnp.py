@@ -588,12 +588,12 @@ def select_landmarks(
       landmarks at least ``min_separation`` ms apart where the pool allows
       (the paper spreads landmarks over cities and carriers).
       Why these defaults: the search keeps the set that looks best on the
-      held-out sample, so its outcome is only as good as that sample; with
-      80 held-out hosts (and a host placement that stopped short of each
-      host's minimum), the PlanetLab p90 over selection seeds ranged
-      0.27-0.32.  With 240 held-out hosts, 32 sets and 120 swaps, seeds 0-4
-      gave median 0.067-0.076 and p90 0.261-0.276, for 12-15 s on 490 nodes
-      on a 2-core machine (``benchmarks/gnp_accuracy.py``); seed 0 chose
+      held-out sample, so its outcome is only as good as that sample: with
+      80 held-out hosts (and an iteration-capped host placement), the
+      PlanetLab p90 over selection seeds spans 0.27-0.32.  With 240
+      held-out hosts, 32 sets and 120 swaps, seeds 0-4 gave median
+      0.067-0.076 and p90 0.261-0.276, for 12-15 s on 490 nodes on a
+      2-core machine (``benchmarks/gnp_accuracy.py``); seed 0 chose
       the same landmarks for any BLAS thread count or kernel, and for the
       matrix perturbed in its 15th digit.
     * ``"medoids"``: k-medoids on network distance, the paper's "ideal

@@ -14,7 +14,7 @@ the same answer forever after: it is in the dupefilter.  This memo keeps the
 most recent such strings (bounded, oldest dropped first) and answers a
 repeat without fingerprinting it; everything else -- another method, a body,
 ``verbatim_url``, another dupefilter or fingerprinter, a subclass of either
--- goes to the dupefilter as before.  The dupefilter stays the authority:
+-- goes straight to the dupefilter.  The dupefilter stays the authority:
 the memo only holds strings whose fingerprint the dupefilter already has,
 and a duplicate is still logged and counted by it (``dupefilter/filtered``).
 """

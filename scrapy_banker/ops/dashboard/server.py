@@ -6,8 +6,8 @@ Why it is built this way:
   thread (``deferToThread``: a Redis round trip never blocks the reactor)
   once per refresh interval, never two reads at a time, and keeps the JSON
   answer ready; ten open tabs cost Redis what one costs.  The readings also
-  feed :class:`~scrapy_banker.ops.dashboard.history.RateHistory`, so the page
-  opened now shows the pages/s of the minutes before.
+  feed :class:`~scrapy_banker.ops.dashboard.history.RateHistory`, so a page
+  opened mid-crawl already shows the pages/s of the minutes before.
 * **Read-only unless a token says otherwise.**  ``GET`` never changes
   anything.  Every ``POST`` is refused with 403 when no
   ``BANKER_DASHBOARD_TOKEN`` is configured, with 401 when the request's

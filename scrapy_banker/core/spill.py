@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from scrapy_banker.core.files import fsync_dir
 from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 
 try:  # POSIX: two workers never replay the same file at once
@@ -312,7 +313,7 @@ class ClaimedSpill:
             if remove:
                 with contextlib.suppress(FileNotFoundError):
                     self.path.unlink()
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
         finally:
             if self._handle is not None:
                 self._handle.close()  # releases the flock
@@ -399,18 +400,4 @@ def _atomic_write(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or unlink durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some file systems refuse
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)

@@ -61,6 +61,7 @@ import shutil
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from scrapy_banker.core.files import fsync_dir
 from scrapy_banker.core.journal import Enqueued, JournalState, enqueue_line, parse_enqueue
 from scrapy_banker.ops.payloads import check_payload
 from scrapy_banker.scheduler.jobdir import SNAPSHOT, JobdirLock, journal_name, replay
@@ -404,7 +405,7 @@ def _append(journal: str, data: bytes) -> bool:
     finally:
         os.close(fd)
     if created:
-        _fsync_dir(os.path.dirname(journal))
+        fsync_dir(os.path.dirname(journal))
     return tail > 0
 
 
@@ -418,16 +419,4 @@ def _replace(path: str, content: bytes) -> None:
     if os.path.exists(path):
         shutil.copymode(path, tmp)
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename or a creation in ``path`` durable; best effort (Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(os.path.dirname(path) or ".")

@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 from scrapy_banker.core.directory import ExtendibleDirectory
+from scrapy_banker.core.files import fsync_dir
 from scrapy_banker.core.journal import (
     Enqueued,
     JournalState,
@@ -325,22 +326,10 @@ class JobDir:
             out.flush()
             os.fsync(out.fileno())
         os.replace(self.snapshot_path + ".tmp", self.snapshot_path)
-        self._fsync_dir()
+        fsync_dir(self.path)
         self._open_journal(self.generation + 1)
         self.stats.inc_value("banker/jobdir/compactions")
         self.snapshot_records = len(state.live) + len(state.done)
-
-    def _fsync_dir(self) -> None:
-        """Make the ``os.replace`` itself durable (power loss); best effort where a
-        directory cannot be opened (Windows)."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def _open_journal(self, generation: int) -> None:
         """Start appending to ``generation``'s journal; delete every other journal."""

@@ -557,7 +557,7 @@ def run_banker(
         out.allocator = str(client.info("memory").get("mem_allocator", ""))
         frontier = tools.frontier(client, settings)
         if dedup != "set":
-            out.backend = "native" if frontier.native_bloom() else "lua"
+            out.backend = "native" if frontier.enqueuer.native_bloom() else "lua"
         base = used_memory(client)
         accepted = 0
 
@@ -710,8 +710,8 @@ def fp_test(
             hi = min(tests, lo + CHUNK)
             pairs = [(FRESH_OFFSET + j, int(fresh_hosts[j])) for j in range(lo, hi)]
             fp += send(pairs, fill + lo)
-        backend = "native" if frontier.native_bloom() else "lua"
-        per_partition = frontier.bloom_capacity
+        backend = "native" if frontier.enqueuer.native_bloom() else "lua"
+        per_partition = frontier.enqueuer.bloom_capacity
         client.close()
     return {
         "backend": backend,

@@ -72,11 +72,17 @@ def test_the_worker_uses_the_constants_the_model_copies() -> None:
     """The frontier's chunk defaults are the named constants, not numbers of their own."""
     import inspect
 
-    from scrapy_banker.redis.frontier import CENSUS_CHUNK, REAP_CHUNK, RedisFrontier
+    from scrapy_banker.redis.frontier import RedisFrontier
+    from scrapy_banker.redis.frontier_census import CENSUS_CHUNK, WorkCensus
+    from scrapy_banker.redis.frontier_reaper import REAP_CHUNK, LeaseReaper
 
-    reap = inspect.signature(RedisFrontier.reap_all).parameters["chunk"].default
-    census = inspect.signature(RedisFrontier.census).parameters["chunk"].default
-    assert (reap, census) == (REAP_CHUNK, CENSUS_CHUNK)
+    for reap_all, census in (
+        (RedisFrontier.reap_all, RedisFrontier.census),
+        (LeaseReaper.reap_all, WorkCensus.census),
+    ):
+        reap = inspect.signature(reap_all).parameters["chunk"].default
+        chunk = inspect.signature(census).parameters["chunk"].default
+        assert (reap, chunk) == (REAP_CHUNK, CENSUS_CHUNK)
     assert WorkerConfig().reap_hold_fraction == fleetmodel.REAP_HOLD_FRACTION
     assert WorkerConfig().idle_sleep_s == fleetmodel.ACTIVE_IDLE_SLEEP_S
 

@@ -20,7 +20,8 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ClusterCrossSlotError, MovedError
 
 from scrapy_banker.core.ops import EnqueueOp
-from scrapy_banker.redis.frontier import NotOwner, RedisFrontier
+from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier_leases import NotOwner
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.testing.redis_server import RedisClusterServer
 
@@ -399,7 +400,7 @@ def test_concurrent_bloom_enqueuers_queue_every_url_once_on_cluster(
         prefix="c", partitions=PARTITIONS, dedup=dedup,
     )  # fmt: skip
     assert sum(frontier.queued(p) for p in range(PARTITIONS)) == 20_000
-    assert not frontier.native_bloom()
+    assert not frontier.enqueuer.native_bloom()
     blooms = [frontier.keys(p).bloom for p in range(PARTITIONS)]
     assert all(cluster_client.exists(key) for key in blooms)
     assert not any(cluster_client.exists(frontier.keys(p).seen) for p in range(PARTITIONS))

@@ -30,7 +30,8 @@ from scrapy_banker.core.bloom import (
     bloom_shard_count,
 )
 from scrapy_banker.core.ops import EnqueueOp
-from scrapy_banker.redis.frontier import RedisFrontier, in_bloom
+from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier_enqueue import in_bloom
 from scrapy_banker.settings import load_redis_config
 from scrapy_banker.testing.redis_server import RedisServer, find_redisbloom_module
 
@@ -98,12 +99,12 @@ def test_lua_bit_array_meets_its_false_positive_target_at_capacity(
         redis_client, prefix="fp", partitions=1, dedup="bloom", dedup_capacity=n,
         dedup_error=error,
     )  # fmt: skip
-    assert not frontier.native_bloom()
+    assert not frontier.enqueuer.native_bloom()
     inserted = fingerprints(n, "in")
     ids = _fill(frontier, 0, inserted)
     # One server: the crawl-wide filter, one shard at this size.
-    assert frontier.bloom_shards() == 1
-    bloom, geometry = frontier.bloom_keys(0, inserted[0])
+    assert frontier.enqueuer.bloom_shards() == 1
+    bloom, geometry = frontier.enqueuer.bloom_keys(0, inserted[0])
     bits, hashes = bloom_geometry(n, error)
     assert redis_client.hget(geometry, "bf") == f"{bits}:{hashes}".encode()
     data = redis_client.get(bloom)
@@ -133,9 +134,9 @@ def test_a_partition_far_above_its_share_grows_layers_and_keeps_its_error_bounde
         redis_client, prefix="skew", partitions=1, dedup="bloom", dedup_capacity=n,
         dedup_error=error,
     )  # fmt: skip
-    assert not frontier.native_bloom()
+    assert not frontier.enqueuer.native_bloom()
     ids = _fill(frontier, 0, fingerprints(load, "in"))
-    bloom, geometry = frontier.bloom_keys(0, "")
+    bloom, geometry = frontier.enqueuer.bloom_keys(0, "")
     layers = int(redis_client.hget(geometry, "bfl") or 1)
     assert layers == 5  # 2,000 + 4,000 + 8,000 + 16,000 < 40,000 <= ... + 32,000
     bits, hashes = bloom_geometry(n, error)
@@ -171,9 +172,9 @@ def test_native_filter_meets_its_false_positive_target_at_capacity(
         bloom_client, prefix="fp", partitions=1, dedup="bloom", dedup_capacity=n,
         dedup_error=error,
     )  # fmt: skip
-    assert frontier.native_bloom()
+    assert frontier.enqueuer.native_bloom()
     _fill(frontier, 0, fingerprints(n, "in"))
-    key, _ = frontier.bloom_keys(0, "")
+    key, _ = frontier.enqueuer.bloom_keys(0, "")
     info = dict(zip(*[iter(bloom_client.execute_command("BF.INFO", key))] * 2, strict=True))
     assert info[b"Capacity"] == n  # reserved with the crawl's sizing, not BF.ADD's default
     assert info[b"Number of filters"] == 1
@@ -243,7 +244,7 @@ def test_concurrent_enqueuers_queue_every_url_exactly_once(
     frontier = _frontier(mode, client)
     assert sum(frontier.queued(p) for p in range(8)) == 20_000
     if mode != "set":
-        assert frontier.native_bloom() == (mode == "native")
+        assert frontier.enqueuer.native_bloom() == (mode == "native")
 
 
 @pytest.mark.slow
@@ -290,7 +291,7 @@ def test_explain_reads_whichever_filter_the_crawl_wrote(
     assert in_set == (mode == "set")
     assert in_bloom(client, frontier.keyspace, 5, seen) == (mode != "set")
     assert not in_bloom(client, frontier.keyspace, 5, unseen)
-    bloom, geometry = frontier.bloom_keys(5, seen)
+    bloom, geometry = frontier.enqueuer.bloom_keys(5, seen)
     assert frontier.clear() >= 1
     assert client.exists(bloom, geometry, keys.seen, frontier.keyspace.bloom_shards) == 0
 
@@ -304,9 +305,9 @@ def test_bit_array_geometry_is_fixed_when_the_filter_is_created(redis_client: re
     other = _frontier("lua", redis_client, capacity=8_000_000, dedup_error=0.0001)
     assert not any(other.enqueue(2, fp, "{}") for fp in fps)
     # The crawl-wide filter of one server: one shard, sized for the whole crawl.
-    assert other.bloom_shards() == first.bloom_shards() == 1
+    assert other.enqueuer.bloom_shards() == first.enqueuer.bloom_shards() == 1
     bits, hashes = bloom_geometry(80_000, 0.01)
-    _, geometry = other.bloom_keys(2, fps[0])
+    _, geometry = other.enqueuer.bloom_keys(2, fps[0])
     assert redis_client.hget(geometry, "bf") == f"{bits}:{hashes}".encode()
 
 
@@ -340,7 +341,7 @@ def test_one_server_shares_one_crawl_wide_filter_sized_for_the_crawl(
         bloom_shard_bits=50_000,
     )  # fmt: skip
     shards = bloom_shard_count(n, 0.01, 50_000)
-    assert frontier.bloom_shards() == shards == 4
+    assert frontier.enqueuer.bloom_shards() == shards == 4
     fps = fingerprints(n, "skewed")
     # Every URL of one host: a single partition gets the whole crawl.
     ids = _fill(frontier, 9, fps)
@@ -348,7 +349,7 @@ def test_one_server_shares_one_crawl_wide_filter_sized_for_the_crawl(
     per_shard = [0] * shards
     for fp in fps:
         per_shard[bloom_shard(fp, shards)] += 1
-    keys = {frontier.bloom_keys(9, fp)[0] for fp in fps}
+    keys = {frontier.enqueuer.bloom_keys(9, fp)[0] for fp in fps}
     assert keys == {frontier.keyspace.bloom_shard(i) for i in range(shards)}
     assert all(client.exists(frontier.keyspace.bloom_shard(i)) for i in range(shards))
     assert not client.exists(frontier.keys(9).bloom)  # no per-partition filter on one server
@@ -359,7 +360,7 @@ def test_one_server_shares_one_crawl_wide_filter_sized_for_the_crawl(
             assert int(layers or 1) == 1
     # Another worker with other settings reads the same shards.
     other = RedisFrontier(client, prefix="sh", partitions=64, dedup="bloom", dedup_capacity=10**9)
-    assert other.bloom_shards() == shards
+    assert other.enqueuer.bloom_shards() == shards
     assert not any(other.enqueue(3, fp, "{}") for fp in fps[:200])
     assert all(in_bloom(client, other.keyspace, 3, fp) for fp in fps[:50])
 

@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from scrapy_banker.core.ops import EnqueueOp, LeaseToken
-from scrapy_banker.redis.frontier import NotOwner, PopResult, RedisFrontier
+from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier_leases import NotOwner, PopResult
 from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 

@@ -7,7 +7,8 @@ import time
 import pytest
 import redis
 
-from scrapy_banker.redis.frontier import NotOwner, RedisFrontier
+from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier_leases import NotOwner
 from scrapy_banker.redis.registry import NodeRegistry
 
 pytestmark = pytest.mark.slow  # a real redis-server

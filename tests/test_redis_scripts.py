@@ -8,7 +8,8 @@ import pytest
 import redis
 
 import scrapy_banker.redis
-from scrapy_banker.redis.frontier import NotOwner, RedisFrontier
+from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier_leases import NotOwner
 from scrapy_banker.redis.scripts import Busy, Fenced, Refusal, ScriptCall, ScriptRunner
 
 pytestmark = pytest.mark.slow  # a real redis-server

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.net.partitions import Move
-    from scrapy_banker.redis.frontier import Census
+    from scrapy_banker.redis.frontier_census import Census
     from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.redis.worker_state import FleetLink, WorkerState
 

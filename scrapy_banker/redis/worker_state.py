@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.net.partitions import PartitionTable
-    from scrapy_banker.redis.frontier import Leased, RedisFrontier
+    from scrapy_banker.redis.frontier import RedisFrontier
+    from scrapy_banker.redis.frontier_leases import Leased
     from scrapy_banker.redis.registry import NodeRegistry
 
 logger = logging.getLogger(__name__)

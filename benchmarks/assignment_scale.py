@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import _common
+import _harness
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
@@ -136,31 +137,26 @@ def reference_mismatches(count: int, max_size: int, seed: int) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n", 1)[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="2,000 reference matrices")
-    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests
+    parser = _harness.parser(__doc__, quick="2,000 reference matrices", tiny="", raw=True)
     parser.add_argument("--tasks", type=int, default=None, help="partitions to place")
     parser.add_argument("--nodes", type=int, default=None, help="nodes to place them on")
     parser.add_argument("--matrices", type=int, default=None, help="reference check matrices")
     parser.add_argument("--max-size", type=int, default=None, help="largest reference matrix")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs (best is kept)")
+    _harness.add_repeats(parser, "timed runs (best is kept)")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random input")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    base = TINY if args.tiny else QUICK if args.quick else FULL
-    tasks = args.tasks if args.tasks is not None else base.tasks
-    nodes = args.nodes if args.nodes is not None else base.nodes
-    matrices = args.matrices if args.matrices is not None else base.matrices
-    max_size = args.max_size if args.max_size is not None else base.max_size
-    repeats = args.repeats if args.repeats is not None else base.repeats
-    if tasks < 1 or nodes < 2 or matrices < 0 or max_size < 1 or repeats < 1:
-        print("need tasks >= 1, nodes >= 2, matrices >= 0, max-size >= 1, repeats >= 1")
+    config = _harness.override(
+        _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,
+        tasks="tasks", nodes="nodes", matrices="matrices", max_size="max_size", repeats="repeats",
+    )  # fmt: skip
+    tasks, nodes, matrices = config.tasks, config.nodes, config.matrices
+    max_size, repeats = config.max_size, config.repeats
+    if tasks < 1 or nodes < 2 or matrices < 0 or max_size < 1:
+        print("need tasks >= 1, nodes >= 2, matrices >= 0, max-size >= 1")
         return 2
 
     cost = latency_cost(tasks, nodes, args.seed)

@@ -36,7 +36,6 @@ last line of output is one JSON object.  Run it alone (``flock -x
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
@@ -46,12 +45,15 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _common
+import _harness
 import redis
 import redis.connection
 
@@ -106,10 +108,7 @@ def partition_of(host: str) -> int:
 
 def main_cpu(client: redis.Redis) -> float:
     """CPU seconds of Redis's command thread (whole process on older servers)."""
-    info = client.info("cpu")
-    if "used_cpu_sys_main_thread" in info:
-        return float(info["used_cpu_sys_main_thread"]) + float(info["used_cpu_user_main_thread"])
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return _harness.redis_cpu_s(client, main_thread=True)
 
 
 def cmdstat(client: redis.Redis, command: str) -> tuple[int, float]:
@@ -137,6 +136,16 @@ def usec_per_call(client: redis.Redis, command: str, run: Any) -> float:
     if command == "evalsha":
         PHASES.append(((main_cpu(client) - cpu0) * 1e6, usec, calls, rts, elapsed))
     return usec / calls
+
+
+def times(n: int, call: Callable[[], object]) -> Callable[[], None]:
+    """``call`` ``n`` times, as one function."""
+
+    def run() -> None:
+        for _ in range(n):
+            call()
+
+    return run
 
 
 def fit(items_a: float, us_a: float, items_b: float, us_b: float) -> OpCost:
@@ -247,10 +256,10 @@ def calibrate(url: str, scale: float) -> tuple[CostTable, dict[str, float]]:
         reg.register(f"node-{i}")
     n_calls = int(1000 * scale) + 50
     ops["time"] = OpCost(
-        usec_per_call(client, "time", lambda: [reg.heartbeat("node-0") for _ in range(n_calls)])
+        usec_per_call(client, "time", times(n_calls, lambda: reg.heartbeat("node-0")))
     )
     ops["zadd"] = OpCost(
-        usec_per_call(client, "zadd", lambda: [reg.heartbeat("node-0") for _ in range(n_calls)])
+        usec_per_call(client, "zadd", times(n_calls, lambda: reg.heartbeat("node-0")))
     )
     small = [n_calls // 2]
 
@@ -281,14 +290,10 @@ def calibrate(url: str, scale: float) -> tuple[CostTable, dict[str, float]]:
     get_table = usec_per_call(client, "get", lambda: [reg.load_table() for _ in range(big)])
     ops["get_table"] = OpCost(0.0, round(get_table / PARTITIONS, 5))
     ops["sadd"] = OpCost(
-        usec_per_call(
-            client, "sadd", lambda: [reg.notify({"node-1": {1, 2}}) for _ in range(n_calls)]
-        )
+        usec_per_call(client, "sadd", times(n_calls, lambda: reg.notify({"node-1": {1, 2}})))
     )
     ops["expire"] = OpCost(
-        usec_per_call(
-            client, "expire", lambda: [reg.notify({"node-1": {3}}) for _ in range(n_calls)]
-        )
+        usec_per_call(client, "expire", times(n_calls, lambda: reg.notify({"node-1": {3}})))
     )
     blob_2k, blob_16k = "x" * 2048, "x" * 16384
     raw["set_2k"] = usec_per_call(
@@ -329,11 +334,11 @@ def calibrate(url: str, scale: float) -> tuple[CostTable, dict[str, float]]:
         c0, t0 = main_cpu(client), time.perf_counter()
         for _ in range(calls // batch):
             if batch == 1:
-                client.execute_command("EVALSHA", sha, 1, key)
+                client.execute_command("EVALSHA", sha, 1, key)  # type: ignore[no-untyped-call]
             else:
                 p = client.pipeline(transaction=False)
                 for _ in range(batch):
-                    p.execute_command("EVALSHA", sha, 1, key)
+                    p.execute_command("EVALSHA", sha, 1, key)  # type: ignore[no-untyped-call]
                 p.execute()
         elapsed = time.perf_counter() - t0
         cpu_us = (main_cpu(client) - c0 - idle_cpu * elapsed) * 1e6
@@ -392,7 +397,7 @@ class Traffic:
         def send(conn: Any, command: Any, check_health: bool = True) -> None:
             with traffic._lock:
                 traffic.round_trips += 1
-            original(conn, command, check_health)
+            original(conn, command, check_health)  # type: ignore[no-untyped-call]
 
         redis.connection.AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
 
@@ -611,19 +616,19 @@ TRAFFIC = Traffic()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="N = 1, 2, 4, 8; short windows")
-    ap.add_argument("--tiny", action="store_true", help="smoke test: a few seconds")
+    ap = _harness.parser(
+        __doc__, quick="N = 1, 2, 4, 8; short windows", tiny="smoke test: a few seconds"
+    )
     ap.add_argument("--pages", type=float, default=40.0, help="pages/s per simulated worker")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     sizes: tuple[int, ...]
-    if args.tiny:
-        scale, sizes, warmup, window = 0.05, (1, 2), 1.5, 1.5
-    elif args.quick:
-        scale, sizes, warmup, window = 0.5, (1, 2, 4, 8), 6.0, 15.0
-    else:
-        scale, sizes, warmup, window = 1.0, (1, 2, 4, 8, 16, 32), 6.0, 20.0
+    scale, sizes, warmup, window = _harness.pick(
+        args,
+        full=(1.0, (1, 2, 4, 8, 16, 32), 6.0, 20.0),
+        quick=(0.5, (1, 2, 4, 8), 6.0, 15.0),
+        tiny=(0.05, (1, 2), 1.5, 1.5),
+    )
     same_host, own_dups = 0.8, 0.5
     base = WorkerConfig(pages_per_s=args.pages, same_host_fraction=same_host)
     traffic = TRAFFIC
@@ -698,7 +703,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out["cluster_masters_for_1000w"] = out["cluster_masters_for_1000w_at_20pps"]
     out["max_masters_1024_partitions_imbalance_1_25"] = fleetmodel.max_masters(PARTITIONS, 1.25)
     out["wall_s"] = round(time.perf_counter() - started, 1)
-    print(json.dumps(out, sort_keys=True))
+    _common.emit_json(out)
     return out
 
 

@@ -33,11 +33,11 @@ The last stdout line is JSON with ``median_rel_err``, ``p90_rel_err``,
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
 import _common
+import _harness
 import numpy as np
 
 from scrapy_banker.net import gnp
@@ -61,7 +61,7 @@ def evaluate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--matrix", required=True, help="square RTT matrix (ms), maybe gzipped")
     parser.add_argument("--landmarks", type=int, default=15)
     parser.add_argument("--dims", type=int, default=7)

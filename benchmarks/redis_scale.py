@@ -119,9 +119,9 @@ Reading the JSON (the last stdout line; progress goes to stderr)
       ``met`` (``null`` when it could not be measured);
     * ``by_size``: everything measured per size, including the fill rates
       (0 to ``N``) and the redis-server's ``mem_allocator``.
-    Bloom keys are ``null``, with ``bloom_note`` saying why, when this
-    checkout has no ``BANKER_DEDUP`` setting (or with ``--no-bloom``); the
-    ``_native`` ones when no RedisBloom module is found.
+    Bloom keys are ``null`` with ``--no-bloom`` (``bloom_note`` says so);
+    the ``_native`` ones when no RedisBloom module is found
+    (``bloom_native_note``).
 
 Caveats
     ``used_memory`` depends on the allocator the server was built with (the
@@ -139,13 +139,10 @@ Usage::
     python benchmarks/redis_scale.py            # 10^5, 10^6, 10^7
     python benchmarks/redis_scale.py --tiny     # smoke test: seconds
 
-``--quick`` measured 1,012 s on this 2-core machine (client peak RSS 0.9 GB,
-largest redis-server ~0.85 GB).  The full run was not run end to end; from
-the quick phase rates (banker fill ~5,500/s through the real encoding path,
-bloom fills ~8,500/s, scrapy-redis's pipelined fill ~10,000/s) it takes about
-2 hours, and the largest redis-server holds ~8.5 GB (banker set mode, 10^7
-queued; one server at a time), this process under 1.5 GB (requests are built
-in chunks).  Run it on a machine with >= 12 GB free.
+The full run takes about 2 hours (the fills run at 5,000-10,000 requests/s)
+and wants >= 12 GB free: its largest redis-server holds ~8.5 GB (banker set
+mode, 10^7 queued; one server at a time), this process stays under 1.5 GB
+(requests are built in chunks).
 """
 
 from __future__ import annotations
@@ -160,6 +157,7 @@ from functools import partial
 from typing import Any
 
 import _common
+import _harness
 import numpy as np
 import redis
 from scrapy import Request, Spider
@@ -170,8 +168,8 @@ from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.scheduler.classifier import Classifier
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.serialize import RequestCodec
-from scrapy_banker.settings import SETTINGS, load_config, load_redis_config
-from scrapy_banker.testing.redis_server import RedisServer
+from scrapy_banker.settings import load_config, load_redis_config
+from scrapy_banker.testing.redis_server import RedisServer, find_redisbloom_module
 
 SEED = 20250117
 HOSTS = 10_000
@@ -195,7 +193,6 @@ BLOOM_ERROR = 0.001
 FRESH_OFFSET = 1_000_000_000
 #: The bloom runs' payload (see banker_enqueue).
 STUB_PAYLOAD = '{"u":1}'
-BLOOM_MISSING = "not available: BANKER_DEDUP not on main yet"
 
 #: The issue's targets.
 TARGET_QUEUED_RATIO = 0.6
@@ -211,11 +208,6 @@ WORDS = (
     "jobs", "help", "docs", "local", "politics", "music", "garden", "energy",
     "market", "climate", "football", "recipes", "photos", "reports",
 )  # fmt: skip
-
-
-def log(message: str) -> None:
-    """Progress: stderr, so that stdout ends with the JSON line."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def label(n: int) -> str:
@@ -314,12 +306,6 @@ def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def server_cpu(client: redis.Redis) -> float:
-    """The redis-server's CPU seconds so far (user + system)."""
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
 @dataclass
 class Timed:
     """One timed phase: ``ops`` operations, wall seconds, the server's CPU seconds."""
@@ -338,11 +324,11 @@ class Timed:
 
 
 def timed(client: redis.Redis, run: Callable[[], int]) -> Timed:
-    cpu0 = server_cpu(client)
+    cpu0 = _harness.redis_cpu_s(client)
     t0 = time.perf_counter()
     ops = run()
     wall = time.perf_counter() - t0
-    return Timed(ops, wall, server_cpu(client) - cpu0)
+    return Timed(ops, wall, _harness.redis_cpu_s(client) - cpu0)
 
 
 # -- banker ---------------------------------------------------------------------------
@@ -371,20 +357,15 @@ class BankerTools:
         """A frontier configured exactly as ``RedisLeaseStore`` configures it from settings."""
         crawler = get_crawler(BenchSpider, {**self.settings, **settings})
         config = load_redis_config(crawler.settings, BenchSpider.name)
-        kwargs: dict[str, Any] = {}
-        if hasattr(config, "dedup"):
-            kwargs = {
-                "dedup": config.dedup,
-                "dedup_capacity": config.dedup_capacity,
-                "dedup_error": config.dedup_error,
-            }
         frontier = RedisFrontier(
             client,
             prefix=config.prefix,
             partitions=config.partitions,
             lease_ttl_ms=max(1, int(config.lease_ttl * 1000)),
             max_deliveries=config.max_deliveries,
-            **kwargs,
+            dedup=config.dedup,
+            dedup_capacity=config.dedup_capacity,
+            dedup_error=config.dedup_error,
         )
         pipe = client.pipeline(transaction=False)
         for p in range(frontier.partitions):
@@ -729,24 +710,6 @@ def fp_test(
 # -- the report -----------------------------------------------------------------------
 
 
-def bloom_status(no_bloom: bool) -> str | None:
-    """None when bloom dedup can be measured, else why not."""
-    if no_bloom:
-        return "skipped (--no-bloom)"
-    if "BANKER_DEDUP" not in SETTINGS:
-        return BLOOM_MISSING
-    return None
-
-
-def find_module() -> str | None:
-    try:
-        from scrapy_banker.testing.redis_server import find_redisbloom_module
-    except ImportError:
-        return None
-    path: str | None = find_redisbloom_module()
-    return path
-
-
 def ratio_stats(values: Sequence[float]) -> float:
     good = [v for v in values if math.isfinite(v) and v > 0]
     return max(good) / min(good) if len(good) == len(values) and good else math.nan
@@ -928,13 +891,12 @@ def print_summary(out: dict[str, Any]) -> None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n", 1)[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = _harness.parser(
+        __doc__,
+        quick="10^5 and 10^6 (~17 minutes)",
+        tiny="a few thousand requests (smoke test)",
+        raw=True,
     )
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="10^5 and 10^6 (a few minutes)")
-    mode.add_argument("--tiny", action="store_true", help="a few thousand requests (smoke test)")
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="frontier sizes")
     parser.add_argument("--rate-ops", type=int, default=None, help="requests per timed phase")
     parser.add_argument("--fp-capacity", type=int, default=None, help="FP test's capacity")
@@ -942,12 +904,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-bloom", action="store_true", help="skip the bloom runs")
     parser.add_argument("--no-native", action="store_true", help="skip RedisBloom runs")
     args = parser.parse_args(argv)
-    preset = (
-        (TINY_SIZES, TINY_RATE_OPS, TINY_FP_CAPACITY)
-        if args.tiny
-        else (QUICK_SIZES, QUICK_RATE_OPS, QUICK_FP_CAPACITY)
-        if args.quick
-        else (FULL_SIZES, FULL_RATE_OPS, FULL_FP_CAPACITY)
+    preset = _harness.pick(
+        args,
+        full=(FULL_SIZES, FULL_RATE_OPS, FULL_FP_CAPACITY),
+        quick=(QUICK_SIZES, QUICK_RATE_OPS, QUICK_FP_CAPACITY),
+        tiny=(TINY_SIZES, TINY_RATE_OPS, TINY_FP_CAPACITY),
     )
     args.sizes = sorted(set(args.sizes or preset[0]))
     args.rate_ops = args.rate_ops or preset[1]
@@ -960,8 +921,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     started = time.perf_counter()
-    note = bloom_status(args.no_bloom)
-    module = None if note or args.no_native else find_module()
+    note = "skipped (--no-bloom)" if args.no_bloom else None
+    module = None if note or args.no_native else find_redisbloom_module()
     native_note = (
         note
         or ("skipped (--no-native)" if args.no_native else None)
@@ -969,7 +930,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     tools = BankerTools.build({})
     biggest = max(args.sizes) + args.rate_ops
-    log(f"stream: {biggest:,} URLs over {HOSTS:,} hosts, Zipf {args.zipf}")
+    _common.log(f"stream: {biggest:,} URLs over {HOSTS:,} hosts, Zipf {args.zipf}")
     stream = Stream(biggest, args.zipf)
     runs: dict[int, dict[str, RunResult]] = {}
     for n in args.sizes:
@@ -987,7 +948,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             res = run()
             row[name] = res
-            log(
+            _common.log(
                 f"N={n:>10,} {name:<13} fill {res.fill.per_s:>9,.0f}/s"
                 f"  queued {res.queued_bytes:7.1f} B  enqueue {res.enqueue.per_s:>8,.0f}/s"
                 f"  pop {res.pop.per_s:>8,.0f}/s  seen {res.seen_bytes:7.2f} B"
@@ -1005,7 +966,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if test["backend"] != backend:
                     raise SystemExit(f"redis_scale: {name} ran on {test['backend']} filters")
                 fps[name] = test
-                log(
+                _common.log(
                     f"FP {name:<13} {test['false_positives']:>6} of {test['tested']:,}"
                     f" = {test['fp_rate']:.4%}  (partition load max"
                     f" {test['partition_load_max']:.2f}; {time.perf_counter() - t0:.0f} s)"
@@ -1028,7 +989,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     _common.emit_json(out)
     if problems:
-        log("redis_scale: " + "; ".join(problems))
+        _common.log("redis_scale: " + "; ".join(problems))
         return 1
     return 0
 

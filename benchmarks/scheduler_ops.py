@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import _common
+import _harness
 from scrapy import Request, Spider
 from scrapy.core.downloader import Downloader, Slot
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -276,18 +277,14 @@ def summary(domains: int, requests: int, best: dict[str, Measurement]) -> dict[s
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n", 1)[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="10,000 domains only (~1 minute)")
+    parser = _harness.parser(__doc__, quick="10,000 domains only (~1 minute)", raw=True)
     parser.add_argument(
         "--domains", type=int, nargs="+", default=None, help="domain counts to measure"
     )
     parser.add_argument(
         "--requests", type=int, default=None, help="requests per run (default max(50000, 2*D))"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
+    _harness.add_repeats(parser, "best of N (default 3)", default=3)
     parser.add_argument(
         "--long-run",
         type=float,
@@ -302,9 +299,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.domains is None:
-        args.domains = list(QUICK_DOMAINS if args.quick else FULL_DOMAINS)
-    if any(d < 1 for d in args.domains) or args.repeats < 1:
-        parser.error("--domains and --repeats must be >= 1")
+        args.domains = list(_harness.pick(args, full=FULL_DOMAINS, quick=QUICK_DOMAINS))
+    if any(d < 1 for d in args.domains):
+        parser.error("--domains must be >= 1")
     return args
 
 

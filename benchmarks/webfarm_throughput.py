@@ -12,7 +12,9 @@ measured window count.
 
 Usage::
 
-    python benchmarks/webfarm_throughput.py [--quick] [--seconds N] [--connections C]
+    python benchmarks/webfarm_throughput.py [--quick | --tiny] [--seconds N] [--connections C]
+
+(``--tiny``: a 1-second smoke test on 20 hosts.)
 
 The last stdout line is a JSON object:
 ``{"pages_per_s": ..., "connections": C, "seconds": ..., "errors": n, ...}``.
@@ -22,21 +24,40 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import random
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import _common
+import _harness
 
 from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
 
 logger = logging.getLogger(__name__)
 
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Measured window, warm-up (s) and farm size of one mode."""
+
+    seconds: float
+    warmup: float
+    hosts: int = 200
+    pages: int = 20000
+
+
+FULL = Mode(seconds=15.0, warmup=2.0)
+QUICK = Mode(seconds=5.0, warmup=1.0)
+TINY = Mode(seconds=1.0, warmup=0.3, hosts=20, pages=1000)
 
 
 class _Counters:
@@ -120,23 +141,22 @@ def _loadgen(args: argparse.Namespace) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="short run (<= 15 s in total)")
+    parser = _harness.parser(__doc__, quick="short run (<= 15 s in total)", tiny="")
     parser.add_argument("--seconds", type=float, default=None, help="measured window")
     parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--hosts", type=int, default=200)
-    parser.add_argument("--pages", type=int, default=20000, help="total content pages")
+    parser.add_argument("--hosts", type=int, default=None, help="farm hosts (200)")
+    parser.add_argument("--pages", type=int, default=None, help="total content pages (20,000)")
     parser.add_argument("--warmup", type=float, default=None)
     # Internal: the load-generator child.
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--config-json", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.seconds is None:
-        args.seconds = 5.0 if args.quick else 15.0
-    if args.warmup is None:
-        args.warmup = 1.0 if args.quick else 2.0
-    return args
+    mode = _harness.override(
+        _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,
+        seconds="seconds", warmup="warmup", hosts="hosts", pages="pages",
+    )  # fmt: skip
+    return argparse.Namespace(**{**vars(args), **dataclasses.asdict(mode)})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,7 +167,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = FarmConfig(hosts=args.hosts, total_pages=args.pages, latency_ms=0.0)
     with WebFarm(config) as farm:
         cmd = [
-            sys.executable,
             __file__,
             "--loadgen",
             "--port",
@@ -170,17 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.seconds,
             args.warmup,
         )
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=args.seconds + args.warmup + 120,
-            check=False,
+        child = _harness.run_json(
+            cmd, what="the load generator", timeout=args.seconds + args.warmup + 120
         )
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr)
-            raise SystemExit(f"load generator failed with code {proc.returncode}")
-        child = json.loads(proc.stdout.strip().splitlines()[-1])
         server = farm.stats()
     result = {
         "pages_per_s": round(child["ok"] / child["elapsed"], 1),
@@ -193,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if child["failures"]:
         logger.info("load generator failures: %s", child["failures"])
-    print(json.dumps(result), flush=True)
+    print(f"{result['pages_per_s']:,.0f} pages/s over {result['seconds']:.1f} s, "
+          f"{result['errors']} errors")  # fmt: skip
+    _common.emit_json(result)
     return 0
 
 

@@ -1,0 +1,319 @@
+"""How a benchmark runs: modes and options, CPU accounting, crawler processes (not a public API).
+
+A benchmark is its workload plus its peers (``_common.py``); this module is
+the rest, the same for all of them:
+
+* **Modes and options.**  :func:`parser` builds the command line: the
+  description is the docstring's first line, ``--quick`` and (where the
+  benchmark has one) ``--tiny`` pick the mode, the full run being the
+  default; :func:`mode` / :func:`pick` read it, :func:`override` lays the
+  options a user gave over the mode's workload (a frozen dataclass), and
+  :func:`add_repeats` / :func:`add_settings` add ``--repeats N`` and a
+  repeatable ``--set KEY=JSON`` (a bad value is a usage error naming it).
+* **CPU accounting.**  :func:`self_cpu_s` / :func:`children_cpu_s`
+  (``getrusage``), :class:`CpuWindow` (all cores' busy share from
+  ``/proc/stat`` and the reaped children's CPU over a stretch of time) and
+  :func:`redis_cpu_s` (a ``redis-server``'s own).
+* **Crawler processes.**  A crawl runs in a process of its own (a Twisted
+  reactor cannot be restarted, and peers must not share an interpreter):
+  :func:`crawl` writes a JSON spec, runs ``_runner.py`` on it and returns
+  the crawl's final stats with its wall and CPU time; :func:`run_json` runs
+  any Python child whose last stdout line is JSON.  What runs inside the
+  crawler (spiders, extensions, the engine-heartbeat tweak) is
+  ``_crawler.py``; fleets of worker processes are ``_fleet.py``.
+
+Imported as a sibling (``import _harness``), like ``_common``.  Only the
+standard library is imported at the top: worker processes import the
+benchmark modules that import this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+#: The PlanetLab RTT matrix the repository ships (``data/rtt/README.md``).
+RTT_MATRIX = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
+#: The crawler process: ``python benchmarks/_runner.py SPEC.json``.
+RUNNER = HERE / "_runner.py"
+
+W = TypeVar("W")
+T = TypeVar("T")
+
+# -- modes and options -------------------------------------------------------------------
+
+
+def parser(
+    doc: str | None,
+    *,
+    quick: str | None = None,
+    tiny: str | None = None,
+    raw: bool = False,
+) -> argparse.ArgumentParser:
+    """A benchmark's command line: ``--quick`` (help ``quick``) and ``--tiny``, exclusive.
+
+    ``tiny=""`` adds a hidden ``--tiny`` (a smoke-test size the tests use);
+    ``None`` leaves an option out.  ``raw`` keeps the docstring's layout in
+    ``--help``.
+    """
+    description = (doc or "").strip().split("\n", 1)[0] or None
+    formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
+    out = argparse.ArgumentParser(description=description, formatter_class=formatter)
+    modes = out.add_mutually_exclusive_group()
+    if quick is not None:
+        modes.add_argument("--quick", action="store_true", help=quick)
+    if tiny is not None:
+        modes.add_argument("--tiny", action="store_true", help=tiny or argparse.SUPPRESS)
+    return out
+
+
+def mode(args: argparse.Namespace) -> str:
+    """``"tiny"``, ``"quick"`` or ``"full"`` (no mode option given)."""
+    if getattr(args, "tiny", False):
+        return "tiny"
+    return "quick" if getattr(args, "quick", False) else "full"
+
+
+def pick(args: argparse.Namespace, *, full: T, quick: T, tiny: T | None = None) -> T:
+    """The value of the mode ``args`` ask for."""
+    chosen = {"full": full, "quick": quick, "tiny": tiny}[mode(args)]
+    assert chosen is not None, "this benchmark has no --tiny mode"
+    return chosen
+
+
+def override(base: W, args: argparse.Namespace, **fields: str) -> W:
+    """``base`` (a dataclass) with ``field=option``'s value wherever that option was given.
+
+    ``override(QUICK, args, total_pages="pages")`` replaces
+    ``QUICK.total_pages`` by ``args.pages`` unless it is ``None``.
+    """
+    given = {f: getattr(args, opt) for f, opt in fields.items() if getattr(args, opt) is not None}
+    return dataclasses.replace(base, **given) if given else base  # type: ignore[type-var]
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+def add_repeats(out: argparse.ArgumentParser, help: str, default: int | None = None) -> None:
+    """``--repeats N`` (N >= 1); ``None`` when not given and no default, i.e. the mode's."""
+    out.add_argument("--repeats", type=positive, default=default, metavar="N", help=help)
+
+
+def setting(text: str) -> tuple[str, Any]:
+    """An argparse type: ``KEY=JSON`` as ``(key, value)``; a bad one is a usage error."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=JSON, e.g. BANKER_REDIS_BUFFER=8")
+    try:
+        return key.strip(), json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the value is not JSON ({exc.msg}); quote a string, e.g. "
+            f"{key.strip()}='\"{raw}\"'"
+        ) from None
+
+
+def add_settings(out: argparse.ArgumentParser, help: str, flag: str = "--set") -> None:
+    """A repeatable ``flag KEY=JSON``; :func:`settings` turns the pairs into a dict."""
+    out.add_argument(flag, type=setting, action="append", default=[], metavar="KEY=JSON", help=help)
+
+
+def settings(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """The ``--set`` pairs as settings (a later one wins)."""
+    return dict(pairs)
+
+
+# -- CPU accounting ----------------------------------------------------------------------
+
+
+def self_cpu_s() -> float:
+    """This process's CPU seconds so far (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's children so far, once they have been reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores from /proc/stat; None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class CpuWindow:
+    """The machine's and the children's CPU over a stretch of time: start, then :meth:`stop`.
+
+    ``busy``: the share of all cores busy (``nan`` off Linux); ``children_s``:
+    CPU seconds of the children reaped in between -- reap them before
+    :meth:`stop` to count them.
+    """
+
+    def __init__(self) -> None:
+        self._ticks = cpu_ticks()
+        self._children = children_cpu_s()
+        self.busy = float("nan")
+        self.children_s = 0.0
+
+    def stop(self) -> CpuWindow:
+        ticks = cpu_ticks()
+        if self._ticks is not None and ticks is not None and ticks[1] > self._ticks[1]:
+            self.busy = (ticks[0] - self._ticks[0]) / (ticks[1] - self._ticks[1])
+        self.children_s = children_cpu_s() - self._children
+        return self
+
+
+def redis_cpu_s(client: Any, main_thread: bool = False) -> float:
+    """A redis-server's CPU seconds (``INFO cpu``); ``main_thread``: its command thread's only.
+
+    Older servers do not split the threads: the whole process's is returned then.
+    """
+    info = client.info("cpu")
+    if main_thread and "used_cpu_sys_main_thread" in info:
+        return float(info["used_cpu_sys_main_thread"]) + float(info["used_cpu_user_main_thread"])
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+# -- child processes ---------------------------------------------------------------------
+
+
+def workers_import_benchmarks() -> None:
+    """Let child processes import this folder's modules (extensions loaded by import path)."""
+    here = str(HERE)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, *paths) if p)
+
+
+def last_json(stdout: str) -> dict[str, Any]:
+    """The JSON object on the last line of a child's stdout."""
+    data: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return data
+
+
+def _failed(what: str, proc: subprocess.CompletedProcess[str]) -> SystemExit:
+    sys.stderr.write(proc.stderr[-5000:])
+    return SystemExit(f"{Path(sys.argv[0]).stem}: {what} failed (exit code {proc.returncode})")
+
+
+def run_json(
+    args: Sequence[str | os.PathLike[str]],
+    *,
+    what: str,
+    timeout: float,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``python args...``; its last stdout line, parsed.  A failure ends the benchmark."""
+    proc = subprocess.run(
+        [sys.executable, *(os.fspath(a) for a in args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise _failed(what, proc)
+    return last_json(proc.stdout)
+
+
+@dataclasses.dataclass
+class Crawl:
+    """One finished crawl: its final stats and what it cost."""
+
+    stats: dict[str, Any]
+    #: Wall seconds from the process's start to its exit.
+    wall_s: float
+    #: CPU seconds of the crawler process, start-up included.
+    cpu_s: float
+    stderr: str
+
+
+def crawl_spec(
+    spider: str,
+    settings: Mapping[str, Any],
+    *,
+    spider_kwargs: Mapping[str, Any] | None = None,
+    extensions: Sequence[str] = (),
+    heartbeat_s: float | None = None,
+) -> dict[str, Any]:
+    """The spec ``_runner.py`` reads: a spider (``module:Class``) and its settings.
+
+    ``extensions``: import paths added to ``EXTENSIONS`` (order 100);
+    ``heartbeat_s``: Scrapy's engine heartbeat (:class:`_crawler.EngineHeartbeat`).
+    """
+    merged = dict(settings)
+    exts = dict(merged.get("EXTENSIONS") or {})
+    exts.update(dict.fromkeys(extensions, 100))
+    if heartbeat_s:
+        exts.setdefault("_crawler.EngineHeartbeat", 0)
+        merged["BENCH_ENGINE_HEARTBEAT"] = float(heartbeat_s)
+    if exts:
+        merged["EXTENSIONS"] = exts
+    return {"spider": spider, "spider_kwargs": dict(spider_kwargs or {}), "settings": merged}
+
+
+def crawl(
+    spec: Mapping[str, Any],
+    workdir: Path,
+    name: str,
+    *,
+    timeout: float,
+    outputs: Sequence[Path] = (),
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Crawl:
+    """Run one crawl (``_runner.py``) from ``spec`` (:func:`crawl_spec`); a failure ends the run.
+
+    The spec is written to ``workdir/<name>-spec.json``; a crawl that exits
+    non-zero or leaves one of ``outputs`` unwritten has failed.  CPU is the
+    reaped crawler's own: start the farm before and stop it after, so that
+    its process is not counted.
+    """
+    spec_file = workdir / f"{name}-spec.json"
+    spec_file.write_text(json.dumps(spec), encoding="utf-8")
+    cpu_before = children_cpu_s()
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), str(spec_file)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
+        check=False,
+    )
+    wall = time.perf_counter() - started
+    cpu = children_cpu_s() - cpu_before
+    if proc.returncode != 0 or not all(p.exists() for p in outputs):
+        raise _failed(f"the {name} crawl", proc)
+    return Crawl(last_json(proc.stdout)["stats"], wall, cpu, proc.stderr)

@@ -47,6 +47,8 @@ ROOT = HERE.parent
 RTT_MATRIX = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
 #: The crawler process: ``python benchmarks/_runner.py SPEC.json``.
 RUNNER = HERE / "_runner.py"
+#: The spider of the farm crawls: every host root as a seed, every farm link followed.
+FARM_SPIDER = "scrapy_banker.testing.fleet:FleetSpider"
 
 W = TypeVar("W")
 T = TypeVar("T")
@@ -256,6 +258,19 @@ class Crawl:
     #: CPU seconds of the crawler process, start-up included.
     cpu_s: float
     stderr: str
+
+
+def farm_crawl_settings() -> dict[str, Any]:
+    """Settings of a crawl of the web farm, whatever the peer: its resolver, no delay, quiet."""
+    from scrapy_banker.testing.resolver import farm_settings
+
+    return {
+        **farm_settings(),
+        "DOWNLOAD_DELAY": 0,
+        "ROBOTSTXT_OBEY": False,
+        "TELNETCONSOLE_ENABLED": False,
+        "LOG_LEVEL": "WARNING",
+    }
 
 
 def crawl_spec(

@@ -35,6 +35,7 @@ is printed next to it.
 Usage::
 
     python benchmarks/crawl_matrix.py --quick
+    python benchmarks/crawl_matrix.py --tiny       # smoke test: 10 hosts, 60 pages
     python benchmarks/crawl_matrix.py --hosts 100 --regimes wan --repeats 3
 
 The last stdout line is JSON: ``wall_ratio_banker_vs_dapq_<regime>_<H>``,
@@ -48,11 +49,8 @@ expected URLs).
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,16 +59,12 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import _harness
 import numpy as np
-from crawl_skewed import _children_cpu_s, fairness
+from _common import ASYNCIO, EPOLL
+from crawl_skewed import crawl_farm, crawl_settings, fairness
 
 from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm, load_rtt_matrix
-from scrapy_banker.testing.resolver import farm_settings
-
-RUNNER = Path(__file__).with_name("_crawl_runner.py")
-RTT_MATRIX = Path(__file__).resolve().parents[1] / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
-EPOLL = "twisted.internet.epollreactor.EPollReactor"
-ASYNCIO = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
 
 #: name -> (scheduler settings name in _common.SCHEDULERS, reactor)
 SCHEDULERS: dict[str, tuple[str, str]] = {
@@ -85,12 +79,13 @@ DEFAULT_SCHEDULERS = ("banker", "dapq", "scrapy_pq", "dapq_asyncio")
 QUICK_SCHEDULERS = ("banker", "dapq", "scrapy_pq")
 FULL_HOSTS = (10, 100, 1_000, 5_000)
 QUICK_HOSTS = (10, 100, 1_000)
+TINY_HOSTS = (10,)
 REGIMES = ("none", "wan")
 
 
 def host_latencies(hosts: int, seed: int) -> dict[int, float]:
     """Per-host RTT (ms) from the PlanetLab matrix: one crawler row, a random column per host."""
-    m = load_rtt_matrix(RTT_MATRIX)
+    m = load_rtt_matrix(_harness.RTT_MATRIX)
     rng = np.random.default_rng(seed)
     row = int(rng.integers(m.shape[0]))
     cols = rng.choice([c for c in range(m.shape[0]) if c != row], size=hosts, replace=True)
@@ -121,67 +116,28 @@ def bounds(
     return max(work.values()) / per_domain, sum(work.values()) / concurrent
 
 
-def crawl_settings(
-    name: str, stats_file: Path, samples_file: Path, concurrent: int, per_domain: int
-) -> dict[str, Any]:
-    sched, reactor = SCHEDULERS[name]
-    return {
-        "TWISTED_REACTOR": reactor,
-        **farm_settings(),
-        **_common.DUPEFILTER,
-        **_common.TOPIC_SETTINGS,
-        **_common.SCHEDULERS[sched],
-        "ADDONS": {"scrapy_banker.Addon": 500},
-        "BANKER_STATS_FILE": str(stats_file),
-        "CONCURRENT_REQUESTS": concurrent,
-        "CONCURRENT_REQUESTS_PER_DOMAIN": per_domain,
-        "DOWNLOAD_DELAY": 0,
-        "ROBOTSTXT_OBEY": False,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "WARNING",
-        "BENCH_TOPICS": list(_common.TOPICS),
-        "BENCH_SAMPLE_INTERVAL": 0.25,
-        "BENCH_SAMPLES_FILE": str(samples_file),
-    }
-
-
 def run_crawl(
     name: str, config: FarmConfig, workdir: Path, concurrent: int, per_domain: int
 ) -> dict[str, Any]:
-    stats_file = workdir / f"{name}-stats.json"
-    samples_file = workdir / f"{name}-samples.json"
-    spec_file = workdir / f"{name}-spec.json"
+    sched, reactor = SCHEDULERS[name]
+    settings = crawl_settings(
+        sched, workdir / f"{name}-samples.json", concurrent=concurrent, per_domain=per_domain,
+        sample_interval=0.25, reactor=reactor,
+    )  # fmt: skip
     with WebFarm(config) as farm:
-        seeds = farm.start_urls()
-        expected = farm.expected_urls(seeds)
-        spec = {
-            "settings": crawl_settings(name, stats_file, samples_file, concurrent, per_domain),
-            "seeds": seeds,
-        }
-        spec_file.write_text(json.dumps(spec), encoding="utf-8")
-        cpu_before = _children_cpu_s()
-        started = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, str(RUNNER), str(spec_file)],
-            capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
-        wall = time.perf_counter() - started
-        cpu = _children_cpu_s() - cpu_before
+        expected = farm.expected_urls(farm.start_urls())
+        crawl, sampled = crawl_farm(name, farm, settings, workdir, timeout=900)
         server = farm.stats()
         model = farm.model
         port = farm.port
-    if proc.returncode != 0 or not stats_file.exists():
-        sys.stderr.write(proc.stderr[-5000:])
-        raise SystemExit(f"crawl_matrix: the {name} crawl failed (exit code {proc.returncode})")
-    stats = json.loads(stats_file.read_text(encoding="utf-8"))
-    samples = json.loads(samples_file.read_text(encoding="utf-8"))["samples"]
-    fair = fairness(samples, math.inf)
+    stats = crawl.stats
+    fair = fairness(sampled["samples"], math.inf)
     fetched = sum(server.get("per_host", {}).values())
     per_host_bound, global_bound = bounds(model, expected, per_domain, concurrent)
     return {
-        "wall_s": float(stats.get("elapsed_time_seconds") or wall),
-        "process_s": wall,
-        "cpu_s": cpu,
+        "wall_s": float(stats.get("elapsed_time_seconds") or crawl.wall_s),
+        "process_s": crawl.wall_s,
+        "cpu_s": crawl.cpu_s,
         "responses": int(stats.get("response_received_count", 0)),
         "expected": len(expected),
         "server_requests": fetched,
@@ -196,8 +152,7 @@ def run_crawl(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    parser = _harness.parser(__doc__, quick="10, 100, 1,000 hosts; 800 pages; 1 run", tiny="")
     parser.add_argument("--hosts", type=int, nargs="*")
     parser.add_argument("--regimes", nargs="*", choices=REGIMES, default=list(REGIMES))
     parser.add_argument("--schedulers", nargs="*", choices=list(SCHEDULERS),
@@ -205,14 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pages", type=int, help="content pages per farm (quick 800, else 1500)")
     parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument("--per-domain", type=int, default=4)
-    parser.add_argument("--repeats", type=int)
+    _harness.add_repeats(parser, "crawls per configuration (median; quick 1, else 3)")
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args(argv)
-    hosts = tuple(args.hosts or (QUICK_HOSTS if args.quick else FULL_HOSTS))
-    repeats = args.repeats or (1 if args.quick else 3)
-    args.pages = args.pages or (800 if args.quick else 1500)
+    hosts = tuple(args.hosts or _harness.pick(args, full=FULL_HOSTS, quick=QUICK_HOSTS,
+                                              tiny=TINY_HOSTS))  # fmt: skip
+    repeats = args.repeats or _harness.pick(args, full=3, quick=1, tiny=1)
+    args.pages = args.pages or _harness.pick(args, full=1500, quick=800, tiny=60)
     if not args.schedulers:
-        args.schedulers = list(QUICK_SCHEDULERS if args.quick else DEFAULT_SCHEDULERS)
+        schedulers = _harness.pick(
+            args, full=DEFAULT_SCHEDULERS, quick=QUICK_SCHEDULERS, tiny=QUICK_SCHEDULERS
+        )
+        args.schedulers = list(schedulers)
     started = time.monotonic()
     runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="crawl-matrix-") as tmp:

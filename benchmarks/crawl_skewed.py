@@ -37,18 +37,19 @@ becomes a matter of timing (when it does not, it crawls only fast hosts and
 starves the giant one instead).  Without them the outcome is reproducible.
 
 Each scheduler crawls a freshly started farm in its own process
-(``_crawl_runner.py``) with identical settings -- ``CONCURRENT_REQUESTS=32``,
-``CONCURRENT_REQUESTS_PER_DOMAIN=4``, scrapy-banker's add-on (so the per-topic
-``banker/topic/<t>/responses`` stats exist for every scheduler), equal-priority
-``BANKER_TOPICS`` -- only ``SCHEDULER`` (and, for the peers,
+(``_runner.py``: the farm spider and ``_crawler.TopicSampler``) with
+identical settings -- ``CONCURRENT_REQUESTS=32``,
+``CONCURRENT_REQUESTS_PER_DOMAIN=4``, scrapy-banker's add-on (so the
+per-topic ``banker/topic/<t>/responses`` stats exist for every scheduler),
+equal-priority ``BANKER_TOPICS`` -- only ``SCHEDULER`` (and, for the peers,
 ``SCHEDULER_PRIORITY_QUEUE``) differ; project settings win over the add-on's.
 A crawl stops after a fixed budget (``CLOSESPIDER_TIMEOUT``): crawling to
 completion would end with the giant slow host's tail alone, which measures
 its latency, not the scheduler.  ``pages/s = response_received_count /
-elapsed_time_seconds`` from the final stats (``BANKER_STATS_FILE``).
+elapsed_time_seconds`` from the crawl's final stats.
 
 Fairness, from per-topic samples taken every ``SAMPLE_INTERVAL`` (0.5 s) by
-the runner's ``TopicSampler`` extension:
+the crawler's ``TopicSampler`` extension:
 
 * ``topic_jain_index``: Jain's index of the topics' response counts over the
   window in which *every* topic had pending work (scheduled, not yet
@@ -87,8 +88,6 @@ import argparse
 import itertools
 import json
 import math
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -98,11 +97,10 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import _harness
 
 from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
-from scrapy_banker.testing.resolver import farm_settings
 
-RUNNER = Path(__file__).with_name("_crawl_runner.py")
 #: Seconds between two per-topic samples: the resolution of max_topic_wait_s.
 SAMPLE_INTERVAL = 0.5
 
@@ -147,30 +145,51 @@ PER_DOMAIN = 4
 
 
 def crawl_settings(
-    name: str, seconds: float, stats_file: str, samples_file: str, reactor: str | None = None
+    scheduler: str,
+    samples_file: Path,
+    *,
+    concurrent: int = 32,
+    per_domain: int = PER_DOMAIN,
+    sample_interval: float = SAMPLE_INTERVAL,
+    budget_s: float | None = None,
+    reactor: str | None = None,
 ) -> dict[str, Any]:
-    """Settings of one run: identical for every scheduler except the scheduler itself."""
-    extra = {"TWISTED_REACTOR": reactor} if reactor else {}
+    """Settings of one farm crawl: identical for every peer but ``SCHEDULER`` (and reactor).
+
+    The add-on and the topic settings are given to every scheduler, so that
+    ``banker/topic/<t>/responses`` exists for all; ``budget_s`` closes the
+    spider after that long (``CLOSESPIDER_TIMEOUT``).
+    """
     return {
-        **extra,
-        **farm_settings(),
+        **({"TWISTED_REACTOR": reactor} if reactor else {}),
+        **_harness.farm_crawl_settings(),
         **_common.DUPEFILTER,
         **_common.TOPIC_SETTINGS,
-        **_common.SCHEDULERS[name],
+        **_common.SCHEDULERS[scheduler],
         "ADDONS": {"scrapy_banker.Addon": 500},
-        "BANKER_STATS_FILE": stats_file,
-        "CONCURRENT_REQUESTS": 32,
-        "CONCURRENT_REQUESTS_PER_DOMAIN": PER_DOMAIN,
-        "DOWNLOAD_DELAY": 0,
-        "ROBOTSTXT_OBEY": False,
-        "TELNETCONSOLE_ENABLED": False,
+        "CONCURRENT_REQUESTS": concurrent,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": per_domain,
         "REMOTE_CONTROL_ENABLED": False,
-        "LOG_LEVEL": "WARNING",
-        "CLOSESPIDER_TIMEOUT": seconds,
+        **({"CLOSESPIDER_TIMEOUT": budget_s} if budget_s is not None else {}),
         "BENCH_TOPICS": list(_common.TOPICS),
-        "BENCH_SAMPLE_INTERVAL": SAMPLE_INTERVAL,
-        "BENCH_SAMPLES_FILE": samples_file,
+        "BENCH_SAMPLE_INTERVAL": sample_interval,
+        "BENCH_SAMPLES_FILE": str(samples_file),
     }
+
+
+def crawl_farm(
+    name: str, farm: WebFarm, settings: dict[str, Any], workdir: Path, timeout: float
+) -> tuple[_harness.Crawl, dict[str, Any]]:
+    """One crawl of ``farm`` from its host roots, sampled by ``TopicSampler``; (crawl, samples)."""
+    samples_file = Path(settings["BENCH_SAMPLES_FILE"])
+    spec = _harness.crawl_spec(
+        _harness.FARM_SPIDER,
+        settings,
+        spider_kwargs={"seeds": farm.start_urls()},
+        extensions=["_crawler.TopicSampler"],
+    )
+    run = _harness.crawl(spec, workdir, name, timeout=timeout, outputs=[samples_file])
+    return run, json.loads(samples_file.read_text(encoding="utf-8"))
 
 
 def fairness(samples: Sequence[dict[str, Any]], budget: float) -> dict[str, Any]:
@@ -218,47 +237,21 @@ def steady_pages_per_s(samples: Sequence[dict[str, Any]], budget: float) -> floa
     start = next((s for s in usable if s["t"] >= 0.25 * budget), None)
     if start is None or usable[-1]["t"] <= start["t"]:
         return math.nan
-    return float(usable[-1]["all"] - start["all"]) / (usable[-1]["t"] - start["t"])
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return float(usable[-1]["all"] - start["all"]) / float(usable[-1]["t"] - start["t"])
 
 
 def run_crawl(
     name: str, workload: Workload, workdir: Path, reactor: str | None = None
 ) -> dict[str, Any]:
     """One crawl of a fresh farm with scheduler ``name``; returns its figures."""
-    stats_file = workdir / f"{name}-stats.json"
-    samples_file = workdir / f"{name}-samples.json"
-    spec_file = workdir / f"{name}-spec.json"
+    settings = crawl_settings(
+        name, workdir / f"{name}-samples.json", budget_s=workload.seconds, reactor=reactor
+    )
     with WebFarm(workload.farm_config()) as farm:
-        spec = {
-            "settings": crawl_settings(
-                name, workload.seconds, str(stats_file), str(samples_file), reactor
-            ),
-            "seeds": farm.start_urls(),
-        }
-        spec_file.write_text(json.dumps(spec), encoding="utf-8")
-        started = time.perf_counter()
-        cpu_before = _children_cpu_s()
-        proc = subprocess.run(
-            [sys.executable, str(RUNNER), str(spec_file)],
-            capture_output=True,
-            text=True,
-            timeout=workload.seconds + 180,
-            check=False,
-        )
-        wall = time.perf_counter() - started
-        # Only the crawler: the farm child is reaped (and counted) after this.
-        crawler_cpu = _children_cpu_s() - cpu_before
+        # Only the crawler's CPU: the farm child is reaped (and counted) after it.
+        crawl, sampled = crawl_farm(name, farm, settings, workdir, workload.seconds + 180)
         server = farm.stats()
-    if proc.returncode != 0 or not stats_file.exists() or not samples_file.exists():
-        sys.stderr.write(proc.stderr[-5000:])
-        raise SystemExit(f"crawl_skewed: the {name} crawl failed (exit code {proc.returncode})")
-    stats = json.loads(stats_file.read_text(encoding="utf-8"))
-    sampled = json.loads(samples_file.read_text(encoding="utf-8"))
+    stats = crawl.stats
     samples = sampled["samples"]
     topics = sampled["topics"]
     banker_total = sum(samples[-1]["responses"]) if samples else 0
@@ -271,13 +264,14 @@ def run_crawl(
     responses = int(stats.get("response_received_count", 0))
     elapsed = float(stats.get("elapsed_time_seconds") or math.nan)
     final = samples[-1]["responses"] if samples else [0] * len(topics)
+    giant = farm.model.host_name(0)
     return {
         "pages_per_s": responses / elapsed if elapsed > 0 else math.nan,
         "steady_pages_per_s": steady_pages_per_s(samples, workload.seconds),
         "responses": responses,
         "elapsed_s": elapsed,
-        "wall_s": wall,
-        "crawler_cpu_s": crawler_cpu,
+        "wall_s": crawl.wall_s,
+        "crawler_cpu_s": crawl.cpu_s,
         "finish_reason": stats.get("finish_reason"),
         "topic_responses": dict(zip(topics, final, strict=True)),
         "topic_jain_index": fair["jain"],
@@ -285,22 +279,15 @@ def run_crawl(
         "jain_window_shares": dict(zip(topics, fair["shares"], strict=False)),
         "max_topic_wait_s": fair["max_wait_s"],
         "server_requests": server.get("requests"),
-        "max_inflight_giant_host": server.get("max_inflight_per_host", {}).get(
-            farm.model.host_name(0)
-        ),
-        "giant_host_requests": server.get("per_host", {}).get(farm.model.host_name(0), 0),
+        "max_inflight_giant_host": server.get("max_inflight_per_host", {}).get(giant),
+        "giant_host_requests": server.get("per_host", {}).get(giant, 0),
         # Politeness as the web server saw it: most requests one host had in flight.
         "max_concurrent_per_host": max(server.get("max_inflight_per_host", {}).values(), default=0),
     }
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n", 1)[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="5,000 hosts, 20 s per crawl")
-    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests
+    parser = _harness.parser(__doc__, quick="5,000 hosts, 20 s per crawl", tiny="", raw=True)
     parser.add_argument("--hosts", type=int, default=None, help="number of farm hosts")
     parser.add_argument("--pages", type=int, default=None, help="FarmConfig.total_pages")
     parser.add_argument("--seconds", type=float, default=None, help="crawl budget per scheduler")
@@ -318,27 +305,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _workload(args: argparse.Namespace) -> Workload:
-    base = TINY if args.tiny else QUICK if args.quick else FULL
-    return Workload(
-        hosts=args.hosts if args.hosts is not None else base.hosts,
-        total_pages=args.pages if args.pages is not None else base.total_pages,
-        min_pages_per_host=base.min_pages_per_host,
-        zipf_s=base.zipf_s,
-        slow_ms=args.slow_ms if args.slow_ms is not None else base.slow_ms,
-        fast_ms=args.fast_ms if args.fast_ms is not None else base.fast_ms,
-        seconds=args.seconds if args.seconds is not None else base.seconds,
-        cross_links=args.cross_links if args.cross_links is not None else base.cross_links,
-    )
-
-
 def _fmt(value: float, spec: str) -> str:
     return "n/a" if not math.isfinite(value) else format(value, spec)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    workload = _workload(args)
+    workload = _harness.override(
+        _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,
+        hosts="hosts", total_pages="pages", slow_ms="slow_ms", fast_ms="fast_ms",
+        seconds="seconds", cross_links="cross_links",
+    )  # fmt: skip
     started = time.perf_counter()
     pages = FarmModel(workload.farm_config()).page_counts()
     print(
@@ -382,23 +359,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"total time {time.perf_counter() - started:.1f} s")
 
-    def num(value: float, digits: int = 4) -> float | None:
-        return round(value, digits) if math.isfinite(value) else None
-
     out: dict[str, Any] = {
-        "pages_per_s_banker": num(banker["pages_per_s"], 2),
-        "pages_per_s_scrapy_pq": num(spq["pages_per_s"], 2),
-        "pages_per_s_dapq": num(dapq["pages_per_s"], 2),
-        "ratio_banker_vs_scrapy_pq": num(r_spq),
-        "ratio_banker_vs_dapq": num(r_dapq),
+        "pages_per_s_banker": _common.rounded(banker["pages_per_s"], 2),
+        "pages_per_s_scrapy_pq": _common.rounded(spq["pages_per_s"], 2),
+        "pages_per_s_dapq": _common.rounded(dapq["pages_per_s"], 2),
+        "ratio_banker_vs_scrapy_pq": _common.rounded(r_spq),
+        "ratio_banker_vs_dapq": _common.rounded(r_dapq),
         # Seconds per page, banker / DAPQ: the time the same work takes (target <= 0.8).
-        "wall_ratio_banker_vs_dapq": num(1.0 / r_dapq) if r_dapq else None,
-        "topic_jain_index": num(banker["topic_jain_index"]),
-        "max_topic_wait_s": num(banker["max_topic_wait_s"], 2),
-        "topic_jain_index_scrapy_pq": num(spq["topic_jain_index"]),
-        "max_topic_wait_s_scrapy_pq": num(spq["max_topic_wait_s"], 2),
-        "topic_jain_index_dapq": num(dapq["topic_jain_index"]),
-        "max_topic_wait_s_dapq": num(dapq["max_topic_wait_s"], 2),
+        "wall_ratio_banker_vs_dapq": _common.rounded(1.0 / r_dapq) if r_dapq else None,
+        "topic_jain_index": _common.rounded(banker["topic_jain_index"]),
+        "max_topic_wait_s": _common.rounded(banker["max_topic_wait_s"], 2),
+        "topic_jain_index_scrapy_pq": _common.rounded(spq["topic_jain_index"]),
+        "max_topic_wait_s_scrapy_pq": _common.rounded(spq["max_topic_wait_s"], 2),
+        "topic_jain_index_dapq": _common.rounded(dapq["topic_jain_index"]),
+        "max_topic_wait_s_dapq": _common.rounded(dapq["max_topic_wait_s"], 2),
         "max_concurrent_per_host_banker": banker["max_concurrent_per_host"],
         "max_concurrent_per_host_scrapy_pq": spq["max_concurrent_per_host"],
         "max_concurrent_per_host_dapq": dapq["max_concurrent_per_host"],
@@ -408,13 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cross_links": workload.cross_links,
         "reactor": args.reactor,
         "sample_interval_s": SAMPLE_INTERVAL,
-        "runs": {
-            name: {
-                k: (_common.finite_or_none(v) if isinstance(v, float) else v)
-                for k, v in run.items()
-            }
-            for name, run in runs.items()
-        },
+        "runs": runs,
     }
     _common.emit_json(out)
     return 0

@@ -410,7 +410,8 @@ def test_a_hand_written_lease_meta_is_ignored(value: object) -> None:
     from scrapy.utils.test import get_crawler
 
     from scrapy_banker.redis.scheduler import META_LEASE, BankerRedisScheduler
-    from scrapy_banker.redis.store import RedisLeaseStore, lease_of
+    from scrapy_banker.redis.store import RedisLeaseStore
+    from scrapy_banker.redis.store_inbound import lease_of
 
     crawler = get_crawler(settings_dict={"BANKER_REDIS_PARTITIONS": PARTITIONS})
     scheduler = BankerRedisScheduler.from_crawler(crawler)

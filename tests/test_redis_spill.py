@@ -279,7 +279,7 @@ def test_the_spill_directory_is_the_setting_else_jobdir_else_the_project_data_di
 ) -> None:
     from scrapy.utils.test import get_crawler
 
-    from scrapy_banker.redis.store import spill_dir
+    from scrapy_banker.redis.store_spill import spill_dir
 
     monkeypatch.chdir(tmp_path)  # no scrapy.cfg here: data_path is ./.scrapy
     explicit = get_crawler(settings_dict={"BANKER_REDIS_SPILL_DIR": str(tmp_path / "s")})

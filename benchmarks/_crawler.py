@@ -583,4 +583,4 @@ class PlacementTuning(_Extension):
         self.stats.inc_value(SITE_STAT + urlparse_cached(request).netloc.lower())
         latency = request.meta.get("download_latency")
         if isinstance(latency, (int, float)):
-            self.stats.inc_value(LATENCY_STAT, float(latency) * 1000.0)
+            self.stats.inc_value(LATENCY_STAT, float(latency) * 1000.0)  # type: ignore[arg-type]

@@ -7,7 +7,9 @@ restarted after the others, otherwise *Completed* with its waiting time.  Its
 Table 3: urllib2 (naive) total wait 2:09:07, 30 deadlocks (30 %); Banker's
 1:38:28, 2 deadlocks (2 %).  This script is that experiment scaled down to
 seconds and run as real Scrapy crawls of the local web farm, each in its own
-process (``_deadlock_runner.py``) with ``BankerScheduler`` and the add-on.
+process (``_runner.py``: ``_crawler.DeadlockSpider`` and the ``TaskLog``
+extension, which records when each step was dispatched and answered) with
+``BankerScheduler`` and the add-on.
 
 Hold-and-wait workload
     ``--tasks`` (100) task chains, ``BANKER_RESOURCES = {"pages": --pages}``
@@ -37,7 +39,7 @@ Hold-and-wait workload
 Watchdog, reclaim and restart (the paper's 2 minutes scaled to ``--watchdog``)
     *Verdict*: a task not finished within ``watchdog`` seconds of the dispatch
     of its first request is **Locked**, otherwise **Completed**.  It is decided
-    from the per-task dispatch/response times the runner logs, after the
+    from the per-task dispatch/response times the crawler logs, after the
     crawl.  *Reclaim*: ``BANKER_TASK_TIMEOUT = watchdog``, so the admission
     reclaims the page of a task idle that long (a task waiting for its second
     page has no request in flight: it is idle) and the crawl goes on.
@@ -62,10 +64,10 @@ Why the engine heartbeat is scaled too (``--heartbeat``)
     requests a reclaim frees are retried only at the following call, so a
     deadlock lasts up to two heartbeats.  The paper's timeout (120 s) dwarfs
     that; a scaled-down 1.5 s watchdog does not, and every deadlock would last
-    5-10 s whatever the watchdog.  The runner therefore sets Scrapy's
+    5-10 s whatever the watchdog.  The crawler therefore sets Scrapy's
     (private) ``ExecutionEngine._SLOT_HEARTBEAT_INTERVAL`` to ``watchdog / 10``
-    for *both* policies; ``--heartbeat 5`` reproduces stock Scrapy (naive
-    crawls several times slower, same verdicts).
+    for *both* policies (``_crawler.EngineHeartbeat``); ``--heartbeat 5``
+    reproduces stock Scrapy (naive crawls several times slower, same verdicts).
 
 No-deadlock workload (the cost of the safety check)
     The same chains, but tasks do not hold (``banker_hold`` off): a page is
@@ -121,7 +123,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -131,15 +132,14 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import _harness
 import numpy as np
+from _crawler import STEPS
 
 from scrapy_banker.core.banker import BankersState, naive_safe_sequence
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
-from scrapy_banker.testing.resolver import farm_settings
 
-RUNNER = Path(__file__).with_name("_deadlock_runner.py")
 POLICIES: tuple[str, ...] = ("naive", "banker")
-STEPS = 3
 #: Latency range of the farm hosts (ms): spread evenly, host 0 fastest.
 LATENCY_MS = (50.0, 100.0)
 #: ``request.priority`` added per step: a task's later steps go before new tasks'
@@ -244,25 +244,19 @@ def chains(farm: WebFarm, workload: Workload) -> list[list[str]]:
     return out
 
 
-def crawl_settings(
-    policy: str, workload: Workload, stats_file: str, log_file: str
-) -> dict[str, Any]:
+def crawl_settings(policy: str, workload: Workload, log_file: Path) -> dict[str, Any]:
     """Settings of one run: identical for both policies except the policy itself."""
     return {
-        **farm_settings(),
+        **_harness.farm_crawl_settings(),
         "SCHEDULER": "scrapy_banker.scheduler.BankerScheduler",
         "ADDONS": {"scrapy_banker.Addon": 500},
         "BANKER_RESOURCES": {"pages": workload.pages},
         "BANKER_ADMISSION_POLICY": policy,
         "BANKER_TASK_TIMEOUT": workload.watchdog_s,
-        "BANKER_STATS_FILE": stats_file,
-        "BENCH_TASK_LOG": log_file,
+        "BENCH_TASKS": workload.tasks,
+        "BENCH_TASK_LOG": str(log_file),
         "CONCURRENT_REQUESTS": 16,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
-        "DOWNLOAD_DELAY": 0,
-        "ROBOTSTXT_OBEY": False,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "WARNING",
         "CLOSESPIDER_TIMEOUT": workload.budget_s(),
     }
 
@@ -310,32 +304,25 @@ def run_crawl(
 ) -> dict[str, Any]:
     """One crawl of a fresh farm with ``policy``; returns its figures and per-task rows."""
     tag = f"{policy}-{'hold' if hold else 'nohold'}-{repeat}"
-    stats_file, log_file = workdir / f"{tag}-stats.json", workdir / f"{tag}-tasks.json"
-    spec_file = workdir / f"{tag}-spec.json"
+    log_file = workdir / f"{tag}-tasks.json"
     with WebFarm(workload.farm_config()) as farm:
-        spec = {
-            "settings": crawl_settings(policy, workload, str(stats_file), str(log_file)),
-            "chains": chains(farm, workload),
-            "hold": hold,
-            "max_pages": 2 if hold else 1,
-            "heartbeat_s": workload.heartbeat_s,
-            "step_priority": STEP_PRIORITY,
-        }
-        spec_file.write_text(json.dumps(spec), encoding="utf-8")
-        started = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, str(RUNNER), str(spec_file)],
-            capture_output=True,
-            text=True,
-            timeout=workload.budget_s() + 120,
-            check=False,
+        spec = _harness.crawl_spec(
+            "_crawler:DeadlockSpider",
+            crawl_settings(policy, workload, log_file),
+            spider_kwargs={
+                "chains": chains(farm, workload),
+                "hold": hold,
+                "max_pages": 2 if hold else 1,
+                "step_priority": STEP_PRIORITY,
+            },
+            extensions=["_crawler.TaskLog"],
+            heartbeat_s=workload.heartbeat_s,
         )
-        wall = time.perf_counter() - started
+        crawl = _harness.crawl(
+            spec, workdir, tag, timeout=workload.budget_s() + 120, outputs=[log_file]
+        )
         server = farm.stats()
-    if proc.returncode != 0 or not stats_file.exists() or not log_file.exists():
-        sys.stderr.write(proc.stderr[-5000:])
-        raise SystemExit(f"deadlock: the {tag} crawl failed (exit code {proc.returncode})")
-    stats = json.loads(stats_file.read_text(encoding="utf-8"))
+    stats = crawl.stats
     log = json.loads(log_file.read_text(encoding="utf-8"))
     rows = classify(log, workload.watchdog_s)
     active = _active_window(log)
@@ -357,7 +344,7 @@ def run_crawl(
         "responses": responses,
         "elapsed_s": elapsed,
         "active_s": active,
-        "wall_s": wall,
+        "wall_s": crawl.wall_s,
         "finish_reason": stats.get("finish_reason"),
         "leaked": sum(int(stats.get(k, 0) or 0) for k in LEAK_KEYS),
         "alloc_leaked_pages": int(stats.get(LEAK_KEYS[0], 0) or 0),
@@ -495,12 +482,7 @@ def print_table3(runs: dict[str, dict[str, Any]]) -> None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n", 1)[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="1.5 s watchdog (~1.5-2 min)")
-    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests
+    parser = _harness.parser(__doc__, quick="1.5 s watchdog (~1.5-2 min)", tiny="", raw=True)
     parser.add_argument("--tasks", type=int, default=None, help="task chains per crawl")
     parser.add_argument("--pages", type=int, default=None, help="BANKER_RESOURCES pages")
     parser.add_argument("--hosts", type=int, default=None, help="farm hosts the tasks use")
@@ -515,25 +497,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _workload(args: argparse.Namespace) -> Workload:
-    base = TINY if args.tiny else QUICK if args.quick else FULL
-    watchdog = args.watchdog if args.watchdog is not None else base.watchdog_s
-    return replace(
-        base,
-        tasks=args.tasks if args.tasks is not None else base.tasks,
-        pages=args.pages if args.pages is not None else base.pages,
-        hosts=args.hosts if args.hosts is not None else base.hosts,
-        watchdog_s=watchdog,
-        heartbeat_s=args.heartbeat if args.heartbeat is not None else watchdog / 10,
-    )
-
-
-def _jsonable(value: Any) -> Any:
-    """NaN/inf (a crawl that measured nothing) as ``null``, in lists too."""
-    if isinstance(value, float):
-        return _common.finite_or_none(value)
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    return value
+    base = _harness.override(
+        _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,
+        tasks="tasks", pages="pages", hosts="hosts", watchdog_s="watchdog",
+    )  # fmt: skip
+    heartbeat = args.heartbeat if args.heartbeat is not None else base.watchdog_s / 10
+    return replace(base, heartbeat_s=heartbeat)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -586,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     naive, banker = runs["naive"], runs["banker"]
     naive_nd, banker_nd = runs["naive_nodeadlock"], runs["banker_nodeadlock"]
-    if not args.quick and not args.tiny:
+    if _harness.mode(args) == "full":
         print_tables(runs, workload)
     print_table3(runs)
     met = banker["locked"] == 0 and naive["deadlock_rate"] >= 0.2
@@ -603,9 +572,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"total time {time.perf_counter() - started:.1f} s")
 
-    def num(value: float, digits: int = 4) -> float | None:
-        return round(value, digits) if math.isfinite(value) else None
-
     out: dict[str, Any] = {
         "tasks": workload.tasks,
         "pages": workload.pages,
@@ -613,19 +579,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "watchdog_s": workload.watchdog_s,
         "heartbeat_s": workload.heartbeat_s,
         "budget_s": workload.budget_s(),
-        "safety_check_us_1000x4": num(check["fast_us"], 1),
-        "naive_safety_check_us_1000x4": num(check["naive_us"], 1),
+        "safety_check_us_1000x4": _common.rounded(check["fast_us"], 1),
+        "naive_safety_check_us_1000x4": _common.rounded(check["naive_us"], 1),
         "runs": {
-            name: {k: _jsonable(v) for k, v in run.items() if k != "rows"}
-            for name, run in runs.items()
+            name: {k: v for k, v in run.items() if k != "rows"} for name, run in runs.items()
         },
     }
     for name, run in runs.items():
         policy, _, suffix = name.partition("_")
         suffix = f"_{suffix}" if suffix else ""
-        out[f"{policy}_deadlock_rate{suffix}"] = num(run["deadlock_rate"])
-        out[f"{policy}_pages_per_s{suffix}"] = num(run["pages_per_s"], 2)
-        out[f"{policy}_total_wait_s{suffix}"] = num(run["total_wait_s"], 3)
+        out[f"{policy}_deadlock_rate{suffix}"] = _common.rounded(run["deadlock_rate"])
+        out[f"{policy}_pages_per_s{suffix}"] = _common.rounded(run["pages_per_s"], 2)
+        out[f"{policy}_total_wait_s{suffix}"] = _common.rounded(run["total_wait_s"], 3)
         out[f"{policy}_deferred_unsafe{suffix}"] = run["deferred_unsafe"]
         out[f"{policy}_deferred_insufficient{suffix}"] = run["deferred_insufficient"]
         out[f"{policy}_reclaimed_timeout{suffix}"] = run["reclaimed_timeout"]

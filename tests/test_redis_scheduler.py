@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from conftest import farm_fixture
 
 from scrapy_banker.core.ops import LeaseToken
 from scrapy_banker.redis.frontier import RedisFrontier
@@ -33,12 +34,9 @@ SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def farm() -> Iterator[WebFarm]:
-    # ~2,000 pages on 40 hosts, 40 ms each: a 3-worker crawl lasts a few seconds,
-    # long enough to hit it with a fault in the middle.
-    with WebFarm(FarmConfig(seed=11, hosts=40, total_pages=2000, latency_ms=40.0)) as f:
-        yield f
+# ~2,000 pages on 40 hosts, 40 ms each: a 3-worker crawl lasts a few seconds,
+# long enough to hit it with a fault in the middle.
+farm = farm_fixture(FarmConfig(seed=11, hosts=40, total_pages=2000, latency_ms=40.0))
 
 
 def _settings(server: RedisServer | str, node: str, **extra: Any) -> dict[str, Any]:
@@ -102,6 +100,7 @@ def _outcome(farm: WebFarm) -> tuple[set[str], set[str], int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.scrapy213
 def test_three_workers_crawl_the_farm_once_politely(
     farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
@@ -127,6 +126,7 @@ def test_three_workers_crawl_the_farm_once_politely(
 
 
 @pytest.mark.slow
+@pytest.mark.scrapy213
 def test_a_fleet_of_plain_spiders_notices_the_end_of_the_crawl_at_once(
     farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
@@ -146,6 +146,7 @@ def test_a_fleet_of_plain_spiders_notices_the_end_of_the_crawl_at_once(
 
 
 @pytest.mark.slow
+@pytest.mark.scrapy213
 def test_an_idle_worker_takes_over_work_waiting_for_a_saturated_one(
     redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
@@ -178,6 +179,7 @@ def test_an_idle_worker_takes_over_work_waiting_for_a_saturated_one(
 
 
 @pytest.mark.slow
+@pytest.mark.fleetfaults
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_kill_9_a_worker_loses_nothing(
     farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis, seed: int
@@ -228,6 +230,7 @@ def _fault_test(
 
 
 @pytest.mark.slow
+@pytest.mark.fleetfaults
 def test_redis_killed_and_restarted_mid_crawl(farm: WebFarm, tmp_path: Path) -> None:
     def restart(server: RedisServer) -> None:
         server.kill()
@@ -243,6 +246,7 @@ def test_redis_killed_and_restarted_mid_crawl(farm: WebFarm, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.fleetfaults
 def test_client_pause_mid_crawl(farm: WebFarm, tmp_path: Path) -> None:
     def pause(server: RedisServer) -> None:
         client = redis.Redis.from_url(server.url)
@@ -254,6 +258,7 @@ def test_client_pause_mid_crawl(farm: WebFarm, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.fleetfaults
 def test_debug_sleep_mid_crawl(farm: WebFarm, tmp_path: Path) -> None:
     blocked: list[float] = []
 
@@ -325,6 +330,7 @@ _REDIS_SPIDER = {
 
 
 @pytest.mark.slow
+@pytest.mark.scrapy213
 def test_redis_spider_start_urls_feed_the_fleet(
     farm: WebFarm, redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
@@ -355,6 +361,7 @@ def test_redis_spider_start_urls_feed_the_fleet(
 
 
 @pytest.mark.slow
+@pytest.mark.scrapy213
 def test_scrapy_redis_stats_collector_records_banker_stats(
     redis_server: RedisServer, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
@@ -381,6 +388,7 @@ def test_scrapy_redis_stats_collector_records_banker_stats(
 
 
 @pytest.mark.slow
+@pytest.mark.fleetfaults
 def test_two_workers_on_a_real_redis_cluster(farm: WebFarm, tmp_path: Path) -> None:
     with RedisClusterServer() as cluster:
         farm.reset()

@@ -18,16 +18,12 @@ import importlib
 import itertools
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks"
+from conftest import BENCH, run_python
 
 
 def _chaos(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -36,15 +32,7 @@ def _chaos(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def _run(*args: str, timeout: float = 150) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "chaos.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_python(BENCH / "chaos.py", *args, timeout=timeout)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert isinstance(result, dict)
     return result

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import redis
+from conftest import PROJECT, TESTS, run_scrapy
 from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 
@@ -40,8 +41,6 @@ from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
 
-ROOT = Path(__file__).resolve().parent.parent
-PROJECT = ROOT / "example_project"
 PARTITIONS = 64
 PREFIX = "banker:fleet"
 SLOW_HOST = 0
@@ -53,10 +52,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 def _banker(
     *args: str, cwd: Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy.cmdline", "banker", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT / "tests",
-    )  # fmt: skip
+    """``scrapy banker ...`` to completion, whatever its exit code (:func:`_ok`, :func:`_error`)."""
+    return run_scrapy("banker", *args, cwd=cwd or TESTS, timeout=timeout, expect=None)
 
 
 def _ok(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from conftest import BENCH, run_python
 
 from scrapy_banker.net import fleetmodel
 from scrapy_banker.net.fleetmodel import (
@@ -36,7 +34,6 @@ from scrapy_banker.net.fleetmodel import (
     worker_flows,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 UNIT = CostTable(
     ops={k: OpCost(1.0, 1.0) for k in KINDS}, per_command_us=0.0, per_round_trip_us=0.0
 )
@@ -247,11 +244,7 @@ def test_workers_must_be_positive() -> None:
 @pytest.mark.slow
 def test_benchmark_tiny_reports_calibration_and_check() -> None:
     """The benchmark runs on a real redis-server and ends with its JSON line."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "fleet_model.py"), "--tiny"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_python(BENCH / "fleet_model.py", "--tiny", timeout=120)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for kind in ("enqueue_new", "pop", "ack", "renew", "reap", "count", "getrange"):
         assert result[f"usec_per_call_{kind}"] >= 0

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import scrapy
+from conftest import PROJECT
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
@@ -43,8 +44,6 @@ from scrapy_banker.scheduler import jobdir as jobdir_module
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 SCRAPY_VERSION = tuple(int(x) for x in scrapy.__version__.split(".")[:2])
-ROOT = Path(__file__).resolve().parent.parent
-PROJECT = ROOT / "example_project"
 
 
 # -- the pure journal ------------------------------------------------------------------

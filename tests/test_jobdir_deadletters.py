@@ -19,7 +19,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from conftest import child_env, run_scrapy
 from scrapy import Request, Spider
 from scrapy.linkextractors import LinkExtractor
 from scrapy.settings import Settings
@@ -420,10 +420,9 @@ def _project(tmp_path: Path, jobdir: Path) -> Path:
 
 
 def _scrapy(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy.cmdline", *args], cwd=project, capture_output=True,
-        text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(project)},
-    )  # fmt: skip
+    """``scrapy ...`` in ``project`` (its package alone on ``PYTHONPATH``), any exit code."""
+    env = child_env(PYTHONPATH=str(project))
+    return run_scrapy(*args, cwd=project, timeout=120, expect=None, env=env)
 
 
 @pytest.mark.slow

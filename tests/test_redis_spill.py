@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import redis
+from conftest import run_scrapy
 
 from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 from scrapy_banker.core.spill import SpillOps
@@ -29,8 +28,6 @@ from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
-PROJECT = ROOT / "example_project"
 PER_HOST = 2
 PARTITIONS = 64
 SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
@@ -220,14 +217,14 @@ def test_redis_unreachable_at_start_fails_scrapy_crawl_with_a_masked_url(
     port = free_port()  # nobody listens there
     secret = "hunter2-not-for-logs"
     url = f"redis://:{secret}@127.0.0.1:{port}/3"
-    cmd = [
-        sys.executable, "-m", "scrapy", "crawl", "farm", "-a", "port=1",
+    args = [
+        "crawl", "farm", "-a", "port=1",
         "-s", f"SCHEDULER={SCHEDULER}", "-s", f"REDIS_URL={url}",
         "-s", "BANKER_REDIS_CONNECT_TIMEOUT=1", "-s", "TELNETCONSOLE_ENABLED=False",
         "-s", f"JOBDIR={tmp_path / 'job'}",
     ]  # fmt: skip
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=PROJECT, capture_output=True, text=True, timeout=60)
+    proc = run_scrapy(*args, timeout=60, expect=None)
     elapsed = time.monotonic() - t0
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]

@@ -4,8 +4,9 @@ Why: ``scheduler_ops.py`` times the scheduler alone; a user pays for it inside
 Scrapy's engine, next to the middlewares, the dupefilter and the callbacks.
 Scrapy's own ``tests/benchmarks`` measure the engine the same way: a download
 handler that answers at once, so everything left is CPU spent by Scrapy and
-the scheduler.  Each run is a fresh ``scrapy`` process (``CrawlerProcess``)
-with the real default middlewares:
+the scheduler.  Each run is a fresh crawler process (``_runner.py``:
+``_crawler.EngineSpider``, ``NullHandler`` and ``CpuMarks``) with the real
+default middlewares:
 
 * a seed page whose callback yields ``N`` requests over ``H`` hosts
   (``http://h<i % H>.bench/<topic>/p<i>``, topics a/b/c), each page answered
@@ -39,6 +40,7 @@ Usage::
     python benchmarks/engine_overhead.py --quick     # H = 10, 1,000, 10,000; N = 4,000; 1 repeat
     python benchmarks/engine_overhead.py             # H to 100,000; N = max(10,000, H); 3 runs
     python benchmarks/engine_overhead.py --profile banker --hosts 1000   # cProfile one run
+    python benchmarks/engine_overhead.py --tiny      # smoke test: H = 10, 100; N = 300
 
 Last stdout line: JSON with ``cpu_per_1k_<sched>_<H>`` (CPU seconds per 1,000
 requests, median of the repeats), ``cpu_ratio_<banker variant>_vs_dapq_<H>``,
@@ -49,11 +51,8 @@ and ``truncated`` (the runs that hit the time cap).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,115 +60,13 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import _harness
 
 SCHEDULERS = ("banker", "banker_addon", "banker_topics", "dapq", "scrapy_pq")
+TINY_HOSTS = (10, 100)
 QUICK_HOSTS = (10, 1_000, 10_000)
 FULL_HOSTS = (10, 1_000, 10_000, 100_000)
 TOPICS = ("a", "b", "c")
-
-RUNNER = r'''
-import json, resource, sys, time
-import scrapy
-from scrapy import signals
-from scrapy.crawler import CrawlerProcess
-from scrapy.http import HtmlResponse
-
-cfg = json.loads(sys.argv[1])
-N, H, LINKS, TOPICS = cfg["requests"], cfg["hosts"], cfg["links"], cfg["topics"]
-BODY = b"<html><body>" + b"x" * 2000 + b"</body></html>"
-
-
-def cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-class NullHandler:
-    lazy = False
-
-    def __init__(self, crawler=None):
-        pass
-
-    @classmethod
-    def from_crawler(cls, crawler):
-        return cls(crawler)
-
-    async def download_request(self, request):
-        return HtmlResponse(request.url, body=BODY, request=request)
-
-    async def close(self):
-        pass
-
-
-class Bench(scrapy.Spider):
-    name = "bench"
-    marks = {}
-    meta = cfg["meta"]
-
-    async def start(self):
-        yield scrapy.Request("http://seed.bench/", callback=self.fan_out, dont_filter=True)
-
-    def url(self, i, prefix="p"):
-        return f"http://h{i % H}.bench/{TOPICS[i % 3]}/{prefix}{i}"
-
-    def fan_out(self, response):
-        meta = self.meta
-        for i in range(N):
-            yield scrapy.Request(self.url(i), callback=self.page, cb_kwargs={"i": i},
-                                 meta=dict(meta))
-        self.marks["fanout"] = (cpu(), self.crawler.stats.get_value("response_received_count", 0))
-
-    def page(self, response, i):
-        if not LINKS:
-            return
-        meta = self.meta
-        for k in range(1, LINKS):
-            yield scrapy.Request(self.url((i * 7 + k) % N), callback=self.page,
-                                 cb_kwargs={"i": 0}, meta=dict(meta))
-        yield scrapy.Request(self.url(i, "x"), callback=self.leaf, meta=dict(meta))
-
-    def leaf(self, response):
-        return None
-
-
-def opened(spider):
-    spider.marks["open"] = (cpu(), 0)
-
-
-def closed(spider, reason):
-    spider.marks["close"] = (cpu(), spider.crawler.stats.get_value("response_received_count", 0))
-    spider.marks["reason"] = reason
-
-
-settings = {
-    "DOWNLOAD_HANDLERS": {"http": "__main__.NullHandler", "https": "__main__.NullHandler"},
-    "ROBOTSTXT_OBEY": False,
-    "TELNETCONSOLE_ENABLED": False,
-    "LOG_LEVEL": "ERROR",
-    "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter",
-    "CLOSESPIDER_TIMEOUT": cfg["max_seconds"],
-    **cfg["settings"],
-}
-process = CrawlerProcess(settings)
-crawler = process.create_crawler(Bench)
-crawler.signals.connect(opened, signal=signals.spider_opened)
-crawler.signals.connect(closed, signal=signals.spider_closed)
-if cfg.get("profile"):
-    import cProfile, pstats
-    prof = cProfile.Profile()
-    process.crawl(crawler)
-    prof.enable()
-    process.start()
-    prof.disable()
-    st = pstats.Stats(prof, stream=sys.stderr)
-    st.sort_stats("tottime").print_stats(30)
-    st.sort_stats("cumulative").print_stats("scrapy_banker|scheduler|pqueues|dupefilter", 40)
-else:
-    process.crawl(crawler)
-    process.start()
-print(json.dumps({"marks": Bench.marks, "stats": {
-    k: v for k, v in crawler.stats.get_stats().items() if isinstance(v, (int, float))}}))
-'''
 
 
 def scheduler_settings(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -188,43 +85,70 @@ def scheduler_settings(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(_common.SCHEDULERS[name]), {}
 
 
+def crawl_engine(
+    label: str,
+    settings: dict[str, Any],
+    workdir: Path,
+    *,
+    hosts: int,
+    requests: int,
+    links: int = 0,
+    meta: dict[str, Any] | None = None,
+    max_seconds: float,
+    profile: bool = False,
+) -> dict[str, Any]:
+    """One crawl of the fan-out with a null download handler, in its own process.
+
+    Returns the crawler's CPU seconds at ``open``, after the ``fanout`` (when
+    it was reached) and at ``close``, the responses at the fan-out and at the
+    close, the finish ``reason`` and the final ``stats``.
+    """
+    spec = _harness.crawl_spec(
+        "_crawler:EngineSpider",
+        {
+            "DOWNLOAD_HANDLERS": {"http": "_crawler.NullHandler", "https": "_crawler.NullHandler"},
+            "ROBOTSTXT_OBEY": False,
+            "TELNETCONSOLE_ENABLED": False,
+            "LOG_LEVEL": "ERROR",
+            **_common.DUPEFILTER,
+            "CLOSESPIDER_TIMEOUT": max_seconds,
+            **settings,
+        },
+        spider_kwargs={"requests": requests, "hosts": hosts, "links": links,
+                       "topics": list(TOPICS), "meta": meta or {}},
+        extensions=["_crawler.CpuMarks"],
+    )  # fmt: skip
+    spec["profile"] = profile
+    run = _harness.crawl(spec, workdir, label, timeout=max_seconds * 3 + 120, cwd=workdir,
+                         env={"PYTHONHASHSEED": "0"})  # fmt: skip
+    if profile:
+        print(run.stderr, file=sys.stderr)
+    stats = run.stats
+    return {
+        "open": stats["bench/cpu_open"],
+        "fanout": stats.get("bench/cpu_fanout"),
+        "fanout_responses": stats.get("bench/responses_fanout", 0),
+        "close": stats["bench/cpu_close"],
+        "responses": stats["bench/responses_close"],
+        "reason": stats["finish_reason"],
+        "stats": stats,
+    }
+
+
 def run_once(
     name: str, hosts: int, requests: int, links: int, max_seconds: float, profile: bool = False
 ) -> dict[str, Any]:
     settings, meta = scheduler_settings(name)
-    cfg = {
-        "requests": requests,
-        "hosts": hosts,
-        "links": links,
-        "topics": list(TOPICS),
-        "max_seconds": max_seconds,
-        "settings": settings,
-        "meta": meta,
-        "profile": profile,
-    }
     with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "bench_engine.py"
-        script.write_text(RUNNER)
-        proc = subprocess.run(
-            [sys.executable, str(script), json.dumps(cfg)],
-            capture_output=True,
-            text=True,
-            timeout=max_seconds * 3 + 120,
-            cwd=tmp,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} H={hosts} failed:\n{proc.stderr[-3000:]}")
-    if profile:
-        print(proc.stderr, file=sys.stderr)
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    marks = out["marks"]
-    opened_cpu = marks["open"][0]
-    close_cpu, responses = marks["close"]
+        marks = crawl_engine(
+            f"{name}-{hosts}", settings, Path(tmp), hosts=hosts, requests=requests, links=links,
+            meta=meta, max_seconds=max_seconds, profile=profile,
+        )  # fmt: skip
+    opened_cpu, close_cpu, responses = marks["open"], marks["close"], marks["responses"]
     expected = 1 + requests * (2 if links else 1)
     truncated = marks["reason"] != "finished" or responses < expected
-    if "fanout" in marks and truncated:
-        fan_cpu, fan_responses = marks["fanout"]
+    if marks["fanout"] is not None and truncated:
+        fan_cpu, fan_responses = marks["fanout"], marks["fanout_responses"]
         after = max(1, responses - fan_responses)
         per_request = (fan_cpu - opened_cpu) / requests + (close_cpu - fan_cpu) / after
     else:
@@ -236,25 +160,27 @@ def run_once(
         "expected": expected,
         "truncated": truncated,
         "finish_reason": marks["reason"],
-        "max_inflight": out["stats"].get("banker/queue/blocked_skips"),
+        "max_inflight": marks["stats"].get("banker/queue/blocked_skips"),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    parser = _harness.parser(
+        __doc__, quick="H = 10, 1,000, 10,000; N = 4,000; 1 repeat", tiny="", raw=True
+    )
     parser.add_argument("--hosts", type=int, nargs="*")
     parser.add_argument("--requests", type=int,
                         help="fan-out size (quick 4,000, else 10,000; at least H)")
     parser.add_argument("--links", type=int, default=0)
-    parser.add_argument("--repeats", type=int)
+    _harness.add_repeats(parser, "runs per scheduler and H (median; quick 1, else 3)")
     parser.add_argument("--max-seconds", type=float, default=90.0)
     parser.add_argument("--schedulers", nargs="*", default=list(SCHEDULERS))
     parser.add_argument("--profile", choices=SCHEDULERS)
     args = parser.parse_args(argv)
-    hosts = tuple(args.hosts or (QUICK_HOSTS if args.quick else FULL_HOSTS))
-    args.requests = args.requests or (4_000 if args.quick else 10_000)
-    repeats = args.repeats or (1 if args.quick else 3)
+    hosts = tuple(args.hosts or _harness.pick(args, full=FULL_HOSTS, quick=QUICK_HOSTS,
+                                              tiny=TINY_HOSTS))  # fmt: skip
+    args.requests = args.requests or _harness.pick(args, full=10_000, quick=4_000, tiny=300)
+    repeats = args.repeats or _harness.pick(args, full=3, quick=1, tiny=1)
     if args.profile:
         for h in hosts:
             r = run_once(args.profile, h, max(args.requests, h), args.links, args.max_seconds, True)

@@ -30,6 +30,7 @@ Usage::
 
     python benchmarks/jobdir_cost.py --quick    # N = 3,000, H = 100, 3 repeats; R = 10^6 (~2.5 min)
     python benchmarks/jobdir_cost.py            # N = 20,000, 3 repeats; R = 10^6 twice
+    python benchmarks/jobdir_cost.py --tiny     # smoke test: N = 300, 1 repeat; R = 2,000
 
 Last stdout line: JSON with ``cpu_per_1k_banker_memory``,
 ``cpu_per_1k_banker_jobdir``, ``cpu_per_1k_scrapy_jobdir`` (CPU seconds per
@@ -42,11 +43,8 @@ bytes per pending request, and ``total_s``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import _harness
 import engine_overhead
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -91,31 +90,17 @@ print(json.dumps({"resume_s": elapsed, "pending": len(scheduler),
 
 
 def run_engine(name: str, hosts: int, requests: int, max_seconds: float) -> dict[str, Any]:
-    """One crawl of ``engine_overhead``'s runner with ``name``'s settings."""
+    """One crawl of ``engine_overhead``'s fan-out with ``name``'s settings."""
     with tempfile.TemporaryDirectory() as tmp:
         settings = dict(VARIANTS[name])
         if settings.pop("JOBDIR", False):
             settings["JOBDIR"] = str(Path(tmp) / "job")
-        settings.update(_common.DUPEFILTER)
-        cfg = {
-            "requests": requests, "hosts": hosts, "links": 0,
-            "topics": list(engine_overhead.TOPICS), "max_seconds": max_seconds,
-            "settings": settings, "meta": {}, "profile": False,
-        }  # fmt: skip
-        script = Path(tmp) / "bench_engine.py"
-        script.write_text(engine_overhead.RUNNER)
-        proc = subprocess.run(
-            [sys.executable, str(script), json.dumps(cfg)],
-            capture_output=True, text=True, timeout=max_seconds * 3 + 120, cwd=tmp,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    marks = out["marks"]
-    close_cpu, responses = marks["close"]
+        marks = engine_overhead.crawl_engine(
+            name, settings, Path(tmp), hosts=hosts, requests=requests, max_seconds=max_seconds
+        )
+    responses = marks["responses"]
     return {
-        "cpu_per_1k": (close_cpu - marks["open"][0]) / max(1, responses) * 1000,
+        "cpu_per_1k": (marks["close"] - marks["open"]) / max(1, responses) * 1000,
         "responses": responses,
         "complete": marks["reason"] == "finished" and responses == requests + 1,
     }
@@ -206,28 +191,27 @@ def measure_resume(pending: int, as_journal: bool) -> dict[str, Any]:
         written = time.perf_counter() - t0
         script = Path(tmp) / "resume.py"
         script.write_text(RESUME)
-        proc = subprocess.run(
-            [sys.executable, str(script), str(job), str(pending)],
-            capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise RuntimeError(f"resume failed:\n{proc.stderr[-3000:]}")
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = _harness.run_json([script, job, str(pending)], what="the resume", timeout=1800)
     out.update(bytes=size, write_s=written)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    parser = _harness.parser(
+        __doc__, quick="N = 3,000; the resume after a kill only", tiny="", raw=True
+    )
     parser.add_argument("--requests", type=int)
     parser.add_argument("--hosts", type=int, default=100)
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--resume-pending", type=int, default=1_000_000)
+    _harness.add_repeats(parser, "crawls per variant (median; default 3)")
+    parser.add_argument("--resume-pending", type=int, default=None)
     parser.add_argument("--max-seconds", type=float, default=120.0)
     args = parser.parse_args(argv)
-    requests = args.requests or (3_000 if args.quick else 20_000)
-    repeats = args.repeats or 3
+    requests = args.requests or _harness.pick(args, full=20_000, quick=3_000, tiny=300)
+    repeats = args.repeats or _harness.pick(args, full=3, quick=3, tiny=1)
+    pending = args.resume_pending or _harness.pick(
+        args, full=1_000_000, quick=1_000_000, tiny=2_000
+    )
+    journal_records = _harness.pick(args, full=200_000, quick=200_000, tiny=5_000)
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
     for rep in range(repeats):
@@ -246,13 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     out["jobdir_vs_scrapy_jobdir_ratio"] = _common.finite_or_none(
         round(_common.ratio(out["cpu_per_1k_banker_jobdir"], out["cpu_per_1k_scrapy_jobdir"]), 4)
     )
-    out["journal_cpu_us_per_request"] = round(measure_journal(200_000), 2)
+    out["journal_cpu_us_per_request"] = round(measure_journal(journal_records), 2)
     print(f"journal writes: {out['journal_cpu_us_per_request']} CPU us per request", flush=True)
-    pending = args.resume_pending
     suffix = "1e6" if pending == 1_000_000 else str(pending)
     # After a kill (journal replayed, then compacted) -- the case JOBDIR is for;
     # after a clean stop (snapshot only) in the full run.
-    cases = [(True, "")] + ([] if args.quick else [(False, "_snapshot")])
+    cases = [(True, "")] + ([(False, "_snapshot")] if _harness.mode(args) == "full" else [])
     for as_journal, key in cases:
         r = measure_resume(pending, as_journal)
         kind = "journal" if as_journal else "snapshot"

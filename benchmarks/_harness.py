@@ -17,8 +17,9 @@ the rest, the same for all of them:
 * **Crawler processes.**  A crawl runs in a process of its own (a Twisted
   reactor cannot be restarted, and peers must not share an interpreter):
   :func:`crawl` writes a JSON spec, runs ``_runner.py`` on it and returns
-  the crawl's final stats with its wall and CPU time; :func:`run_json` runs
-  any Python child whose last stdout line is JSON.  What runs inside the
+  the crawl's final stats with its wall and CPU time (:func:`crawls`:
+  several at once); :func:`run_json` runs any Python child whose last
+  stdout line is JSON.  What runs inside the
   crawler (spiders, extensions, the engine-heartbeat tweak) is
   ``_crawler.py``; fleets of worker processes are ``_fleet.py``.
 
@@ -52,6 +53,10 @@ FARM_SPIDER = "scrapy_banker.testing.fleet:FleetSpider"
 
 W = TypeVar("W")
 T = TypeVar("T")
+
+# This checkout's scrapy_banker, whether the package is installed or not.
+if str(ROOT) not in sys.path:
+    sys.path.insert(1, str(ROOT))
 
 # -- modes and options -------------------------------------------------------------------
 
@@ -220,9 +225,9 @@ def last_json(stdout: str) -> dict[str, Any]:
     return data
 
 
-def _failed(what: str, proc: subprocess.CompletedProcess[str]) -> SystemExit:
-    sys.stderr.write(proc.stderr[-5000:])
-    return SystemExit(f"{Path(sys.argv[0]).stem}: {what} failed (exit code {proc.returncode})")
+def _failed(what: str, code: int | None, stderr: str) -> SystemExit:
+    sys.stderr.write(stderr[-5000:])
+    return SystemExit(f"{Path(sys.argv[0]).stem}: {what} failed (exit code {code})")
 
 
 def run_json(
@@ -244,7 +249,7 @@ def run_json(
         check=False,
     )
     if proc.returncode != 0:
-        raise _failed(what, proc)
+        raise _failed(what, proc.returncode, proc.stderr)
     return last_json(proc.stdout)
 
 
@@ -253,9 +258,9 @@ class Crawl:
     """One finished crawl: its final stats and what it cost."""
 
     stats: dict[str, Any]
-    #: Wall seconds from the process's start to its exit.
+    #: Wall seconds from the process's start to its exit (of the batch's last process).
     wall_s: float
-    #: CPU seconds of the crawler process, start-up included.
+    #: CPU seconds of the crawler process (of the batch's processes), start-up included.
     cpu_s: float
     stderr: str
 
@@ -297,6 +302,60 @@ def crawl_spec(
     return {"spider": spider, "spider_kwargs": dict(spider_kwargs or {}), "settings": merged}
 
 
+def crawls(
+    specs: Mapping[str, Mapping[str, Any]],
+    workdir: Path,
+    *,
+    timeout: float,
+    outputs: Sequence[Path] = (),
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Crawl]:
+    """Run crawls (``_runner.py``) at once, one process each, from specs (:func:`crawl_spec`).
+
+    Each spec is written to ``workdir/<name>-spec.json``, its process's
+    output to ``<name>.out`` / ``<name>.err``.  A crawl that exits non-zero,
+    or a batch that leaves one of ``outputs`` unwritten, ends the benchmark.
+    Wall and CPU time are the batch's: start a farm before and stop it
+    after, so that its process is not counted.
+    """
+    procs: dict[str, tuple[subprocess.Popen[bytes], Path, Path]] = {}
+    cpu_before = children_cpu_s()
+    started = time.perf_counter()
+    for name, spec in specs.items():
+        spec_file = workdir / f"{name}-spec.json"
+        spec_file.write_text(json.dumps(spec), encoding="utf-8")
+        out, err = workdir / f"{name}.out", workdir / f"{name}.err"
+        with out.open("wb") as stdout_file, err.open("wb") as stderr_file:
+            proc = subprocess.Popen(
+                [sys.executable, str(RUNNER), str(spec_file)],
+                stdout=stdout_file,
+                stderr=stderr_file,
+                cwd=cwd,
+                env=None if env is None else {**os.environ, **env},
+            )
+        procs[name] = (proc, out, err)
+    deadline = time.monotonic() + timeout
+    for proc, _, _ in procs.values():
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other, _, _ in procs.values():
+                other.kill()
+                other.wait()
+            raise
+    wall = time.perf_counter() - started
+    cpu = children_cpu_s() - cpu_before
+    result: dict[str, Crawl] = {}
+    for name, (proc, out, err) in procs.items():
+        stderr = err.read_text("utf-8", errors="replace")
+        if proc.returncode != 0 or not all(p.exists() for p in outputs):
+            raise _failed(f"the {name} crawl", proc.returncode, stderr)
+        stats = last_json(out.read_text("utf-8"))["stats"]
+        result[name] = Crawl(stats, wall, cpu, stderr)
+    return result
+
+
 def crawl(
     spec: Mapping[str, Any],
     workdir: Path,
@@ -307,28 +366,7 @@ def crawl(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Crawl:
-    """Run one crawl (``_runner.py``) from ``spec`` (:func:`crawl_spec`); a failure ends the run.
-
-    The spec is written to ``workdir/<name>-spec.json``; a crawl that exits
-    non-zero or leaves one of ``outputs`` unwritten has failed.  CPU is the
-    reaped crawler's own: start the farm before and stop it after, so that
-    its process is not counted.
-    """
-    spec_file = workdir / f"{name}-spec.json"
-    spec_file.write_text(json.dumps(spec), encoding="utf-8")
-    cpu_before = children_cpu_s()
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(spec_file)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=None if env is None else {**os.environ, **env},
-        check=False,
-    )
-    wall = time.perf_counter() - started
-    cpu = children_cpu_s() - cpu_before
-    if proc.returncode != 0 or not all(p.exists() for p in outputs):
-        raise _failed(f"the {name} crawl", proc)
-    return Crawl(last_json(proc.stdout)["stats"], wall, cpu, proc.stderr)
+    """One crawl in its own process: :func:`crawls` of one."""
+    return crawls(
+        {name: spec}, workdir, timeout=timeout, outputs=outputs, cwd=cwd, env=env
+    )[name]

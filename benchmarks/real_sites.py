@@ -11,8 +11,8 @@ What is crawled
     benchmark says why and prints ``{"skipped": ...}``.
 
     A plain ``CrawlSpider`` (one ``Rule``, a ``LinkExtractor``,
-    ``allowed_domains``, every page an item) crawls every site to completion
-    (``benchmarks/_real_sites_runner.py``), with ``CONCURRENT_REQUESTS=16``,
+    ``allowed_domains``, every page an item: ``_crawler.DocsSpider``) crawls
+    every site to completion, with ``CONCURRENT_REQUESTS=16``,
     ``CONCURRENT_REQUESTS_PER_DOMAIN=4`` and Scrapy's default engine
     heartbeat.
 
@@ -42,8 +42,9 @@ What is measured (the last stdout line is one JSON object)
     ``wall_ratio_banker_vs_<peer>``; ``inflight_longpole_<sched>``: the
     long-pole host's requests in flight, the farm's 0.25 s samples averaged
     over the first 10 s and over the last quarter of the crawl; and per run
-    (``runs``) the crawler's own samples summarised: scraper backlog, CPU
-    busy, and how often the scheduler answered the engine with nothing.
+    (``crawler_<sched>``) the crawler's own samples (``_crawler.CrawlSampler``,
+    every 0.25 s) summarised: scraper backlog, CPU busy, and how often the
+    scheduler answered the engine with nothing.
 
 Usage::
 
@@ -61,22 +62,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _common
+import _fleet
+import _harness
+from _common import ASYNCIO, EPOLL, log
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from scrapy_banker.testing.farm import FarmConfig, WebFarm, load_rtt_matrix  # noqa: E402
-from scrapy_banker.testing.redis_server import RedisServer  # noqa: E402
-
-RUNNER = Path(__file__).with_name("_real_sites_runner.py")
-RTT = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
+from scrapy_banker.testing.farm import FarmConfig, WebFarm, load_rtt_matrix
+from scrapy_banker.testing.redis_server import RedisServer
 
 #: Site name -> (Debian package, its HTML directory).
 SITES: dict[str, tuple[str, str]] = {
@@ -93,14 +90,8 @@ SITES: dict[str, tuple[str, str]] = {
 PER_HOST = 4
 CONCURRENT = 16
 SINGLE = ("dapq_asyncio", "dapq_epoll", "banker")
-EPOLL = "twisted.internet.epollreactor.EPollReactor"
-ASYNCIO = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
-DAPQ = {"SCHEDULER": "scrapy.core.scheduler.Scheduler",
-        "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.DownloaderAwarePriorityQueue"}  # fmt: skip
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+DAPQ = _common.SCHEDULERS["dapq"]
+START_URLS_KEY = "docs:start_urls"
 
 
 def ensure_sites(names: Sequence[str]) -> str | None:
@@ -110,7 +101,7 @@ def ensure_sites(names: Sequence[str]) -> str | None:
         return None
     if shutil.which("apt-get") is None or os.geteuid() != 0:
         return f"documentation packages {missing} are missing and apt-get cannot install them here"
-    _log(f"installing {' '.join(missing)} with apt-get")
+    log(f"installing {' '.join(missing)} with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     cmd = ["apt-get", "install", "-y", "-q", *missing]
     if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
@@ -129,7 +120,7 @@ def latencies(sizes: dict[str, int], seed: int) -> dict[str, float]:
     long pole that politeness, not CPU, decides -- the case a scheduler can
     get wrong.
     """
-    matrix = load_rtt_matrix(RTT)
+    matrix = load_rtt_matrix(_harness.RTT_MATRIX)
     row = seed % matrix.shape[0]
     cols = [c for c in range(matrix.shape[1]) if 60.0 <= matrix[row, c] <= 150.0]
     step = max(1, len(cols) // max(1, len(sizes)))
@@ -166,63 +157,49 @@ def fleet_runs(sizes: Sequence[int], extra: dict[str, Any]) -> list[Run]:
             "TWISTED_REACTOR": ASYNCIO, "MAX_IDLE_TIME_BEFORE_CLOSE": 3}  # fmt: skip
     out = []
     for n in sizes:
-        out.append(Run(f"scrapy_redis_{n}w", n, {
-            **base, "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
-            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
-            "SCHEDULER_PERSIST": True}, "rediscrawl"))  # fmt: skip
-        out.append(Run(f"banker_{n}w", n, {
-            **base, "SCHEDULER": "scrapy_banker.redis.scheduler.BankerRedisScheduler",
-            "ADDONS": {"scrapy_banker.Addon": 500}, **extra}, "rediscrawl"))  # fmt: skip
+        out.append(Run(f"scrapy_redis_{n}w", n, {**base, **_common.SCRAPY_REDIS}, "rediscrawl"))
+        out.append(Run(f"banker_{n}w", n, {**base, **_common.BANKER_REDIS, **extra}, "rediscrawl"))
     return out
 
 
 def crawl(run: Run, farm: WebFarm, hosts: dict[str, str], tmp: Path,
           redis_url: str | None) -> dict[str, Any]:  # fmt: skip
     """One crawl to completion; what the farm and the crawler(s) saw."""
-    farm.reset()
     # The root, not /index.html: Scrapy makes start URLs dont_filter, and the
     # pages link back to index.html, which would be fetched twice.
     starts = [f"http://{h}:{farm.port}/" for h in hosts.values()]
-    if run.workers > 1 or run.spider == "rediscrawl":
-        import redis
-
-        assert redis_url is not None
-        client = redis.Redis.from_url(redis_url)
-        client.flushall()
-        client.rpush("docs:start_urls", *[json.dumps({"url": u}) for u in starts])
-        client.close()
-    procs = []
-    began = time.monotonic()
+    redis_crawl = run.workers > 1 or run.spider == "rediscrawl"
+    _fleet.fresh(farm, redis_url if redis_crawl else None, START_URLS_KEY, starts)
+    specs = {}
     for i in range(run.workers):
-        out = tmp / f"{run.name}-{i}"
-        spec = {
-            "settings": {**run.settings, "LOG_FILE": str(out) + ".log",
-                         **({"REDIS_URL": redis_url} if redis_url else {}),
-                         **({"BANKER_REDIS_NODE_ID": f"w{i}"} if run.workers > 1 else {})},
-            "spider": run.spider, "start_urls": starts, "allowed_domains": list(hosts.values()),
-            "stats_out": str(out) + ".stats.json", "samples_out": str(out) + ".samples.json",
-            "sample_interval": 0.25,
+        name = f"{run.name}-{i}"
+        settings = {
+            **_harness.farm_crawl_settings(), "LOG_LEVEL": "INFO", **run.settings,
+            "LOG_FILE": str(tmp / f"{name}.log"),
+            "BENCH_SAMPLE_INTERVAL": 0.25, "BENCH_SAMPLES_FILE": str(tmp / f"{name}.samples.json"),
+            **({"REDIS_URL": redis_url} if redis_url else {}),
+            **({"BANKER_REDIS_NODE_ID": f"w{i}"} if run.workers > 1 else {}),
         }  # fmt: skip
-        Path(str(out) + ".json").write_text(json.dumps(spec), "utf-8")
-        procs.append((subprocess.Popen([sys.executable, str(RUNNER), str(out) + ".json"],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out))
-    for proc, _out in procs:
-        _, err = proc.communicate(timeout=1800)
-        if proc.returncode != 0:
-            tail = err.decode()[-2000:]
-            raise RuntimeError(f"{run.name}: worker exited {proc.returncode}: {tail}")
-    elapsed = time.monotonic() - began
+        kwargs: dict[str, Any] = {"allowed_domains": list(hosts.values())}
+        if run.spider == "rediscrawl":
+            spider = "_crawler:DocsRedisSpider"
+        else:
+            spider, kwargs["start_urls"] = "_crawler:DocsSpider", starts
+        specs[name] = _harness.crawl_spec(
+            spider, settings, spider_kwargs=kwargs, extensions=["_crawler.CrawlSampler"]
+        )
+    done = _harness.crawls(specs, tmp, timeout=1800)
     stats = farm.stats(urls=True)
     samples = farm.samples()
-    workers = [json.loads(Path(str(out) + ".stats.json").read_text()) for _, out in procs]
-    crawler_samples = [json.loads(Path(str(out) + ".samples.json").read_text()) for _, out in procs]
+    workers = [c.stats for c in done.values()]
+    crawler_samples = [json.loads((tmp / f"{name}.samples.json").read_text()) for name in specs]
     fetches: dict[str, int] = stats["fetches"]
     Path(str(tmp / run.name) + ".farm.json").write_text(
         json.dumps({"stats": stats, "samples": samples}), "utf-8")
     return {
         "name": run.name,
         "wall_s": stats["span_s"],
-        "process_wall_s": round(elapsed, 2),
+        "process_wall_s": round(next(iter(done.values())).wall_s, 2),
         "cpu_s": round(sum(w["run/cpu_s"] for w in workers), 2),
         "urls": sorted(fetches),
         "pages": len(fetches),
@@ -268,9 +245,8 @@ def longpole(samples: list[list[Any]], host: str, span: float) -> dict[str, floa
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="one run of each peer")
-    parser.add_argument("--repeats", type=int, default=None, help="runs of each peer (median)")
+    parser = _harness.parser(__doc__, quick="one run of each peer")
+    _harness.add_repeats(parser, "runs of each peer (median; quick 1, else 3)")
     parser.add_argument("--sites", default=",".join(SITES), help="comma-separated site names")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
                         help="crawl this folder of HTML (served from DIR/index.html) instead "
@@ -278,15 +254,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--fleet", default="2,4", help="fleet sizes ('' for none)")
     parser.add_argument("--only", default="", help="comma-separated peers to run (default all)")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
-                        help="a setting for the banker runs (repeatable)")
+    _harness.add_settings(parser, "a setting for the banker runs (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the runs' logs and samples")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    repeats = args.repeats or (1 if args.quick else 3)
+    repeats = args.repeats or _harness.pick(args, full=3, quick=1)
     names = [n for n in args.sites.split(",") if n]
     dirs = {n: SITES[n][1] for n in names if n in SITES}
     unknown = sorted(set(names) - set(SITES))
@@ -304,10 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"skipped: {why}")
             _common.emit_json({"skipped": why})
             return 0
-    extra = {}
-    for pair in args.set:
-        key, _, value = pair.partition("=")
-        extra[key] = json.loads(value)
+    extra = _harness.settings(args.set)
     hosts = {n: f"{n}.farm.test" for n in names}
     lat = latencies({n: html_files(dirs[n]) for n in names}, args.seed)
     sizes = [int(x) for x in args.fleet.split(",") if x]
@@ -328,10 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with WebFarm(config) as farm:
             for rep in range(repeats):
                 for run in runs:
-                    _log(f"[{rep + 1}/{repeats}] {run.name} ...")
+                    log(f"[{rep + 1}/{repeats}] {run.name} ...")
                     url = redis_server.url if redis_server is not None else None
                     result = crawl(run, farm, hosts, tmp, url)
-                    _log(f"    {result['wall_s']:.1f} s, {result['pages']} pages, cpu "
+                    log(f"    {result['wall_s']:.1f} s, {result['pages']} pages, cpu "
                          f"{result['cpu_s']:.1f} s, max in flight/host "
                          f"{result['max_inflight_per_host']}, dups {result['duplicates']}")
                     results.setdefault(run.name, []).append(result)
@@ -341,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
-            _log(f"kept {tmp}")
+            log(f"kept {tmp}")
     result = report(results, lat, hosts)
     _print(result)
     _common.emit_json(result)

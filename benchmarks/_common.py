@@ -105,9 +105,9 @@ def finite_or_none(value: float) -> float | None:
 
 def rounded(value: Any, digits: int = 4) -> float | None:
     """A figure for the JSON line: rounded, ``null`` when missing, NaN or infinite."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return round(float(value), digits)
-    return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return round(float(value), digits) if isinstance(value, float) else value
 
 
 def round_floats(row: Mapping[str, Any], digits: int = 4) -> dict[str, Any]:

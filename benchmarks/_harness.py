@@ -278,6 +278,24 @@ def farm_crawl_settings() -> dict[str, Any]:
     }
 
 
+def with_extensions(
+    settings: Mapping[str, Any], extensions: Sequence[str] = (), heartbeat_s: float | None = None
+) -> dict[str, Any]:
+    """``settings`` plus ``extensions`` (import paths, order 0) and an engine heartbeat.
+
+    ``heartbeat_s``: how often Scrapy's engine polls the scheduler
+    (:class:`_crawler.EngineHeartbeat`); ``None`` or 0 leaves Scrapy's 5 s.
+    """
+    merged = dict(settings)
+    exts = {**(merged.get("EXTENSIONS") or {}), **dict.fromkeys(extensions, 0)}
+    if heartbeat_s:
+        exts["_crawler.EngineHeartbeat"] = 0
+        merged["BENCH_ENGINE_HEARTBEAT"] = float(heartbeat_s)
+    if exts:
+        merged["EXTENSIONS"] = exts
+    return merged
+
+
 def crawl_spec(
     spider: str,
     settings: Mapping[str, Any],
@@ -286,20 +304,13 @@ def crawl_spec(
     extensions: Sequence[str] = (),
     heartbeat_s: float | None = None,
 ) -> dict[str, Any]:
-    """The spec ``_runner.py`` reads: a spider (``module:Class``) and its settings.
-
-    ``extensions``: import paths added to ``EXTENSIONS`` (order 100);
-    ``heartbeat_s``: Scrapy's engine heartbeat (:class:`_crawler.EngineHeartbeat`).
-    """
-    merged = dict(settings)
-    exts = dict(merged.get("EXTENSIONS") or {})
-    exts.update(dict.fromkeys(extensions, 100))
-    if heartbeat_s:
-        exts.setdefault("_crawler.EngineHeartbeat", 0)
-        merged["BENCH_ENGINE_HEARTBEAT"] = float(heartbeat_s)
-    if exts:
-        merged["EXTENSIONS"] = exts
-    return {"spider": spider, "spider_kwargs": dict(spider_kwargs or {}), "settings": merged}
+    """The spec ``_runner.py`` reads: a spider (``module:Class``) and its settings
+    (:func:`with_extensions` ``extensions`` and ``heartbeat_s``)."""
+    return {
+        "spider": spider,
+        "spider_kwargs": dict(spider_kwargs or {}),
+        "settings": with_extensions(settings, extensions, heartbeat_s),
+    }
 
 
 def crawls(

@@ -85,9 +85,9 @@ Fairness
     scrapy-redis would be measured without the politeness it was configured
     with.  ``--reactor asyncio`` measures that configuration anyway.
 
-    Every worker also loads :class:`FleetTuning`, an extension of this
-    module (the workers get ``benchmarks/`` on ``PYTHONPATH``) that makes
-    scrapy-redis 0.9 behave as its documentation says, for both systems:
+    Every worker also loads ``_crawler.FleetTuning``, an extension that
+    makes scrapy-redis 0.9 behave as its documentation says, for both
+    systems, and ``_crawler.EngineHeartbeat``:
 
     * ``REDIS_START_URLS_BATCH_SIZE`` (set to more than the number of seeds):
       scrapy-redis 0.9 ignores it and reads ``CONCURRENT_REQUESTS`` start URLs
@@ -105,7 +105,7 @@ Fairness
       when ``fleet:start_urls`` is non-empty, so after the first 3 s of a
       crawl a worker closes the first time it is idle at all.  The extension
       restarts that clock at every response, so it counts idle time.
-    * The engine heartbeat (``--heartbeat``, 0.5 s): Scrapy polls a scheduler
+    * The engine heartbeat (``--heartbeat``, 0.5 s; ``EngineHeartbeat``): Scrapy polls a scheduler
       that did not wake the engine itself only every 5 s.  Nothing wakes a
       scrapy-redis worker when another worker pushes requests into the
       shared queue, and an idle spider is re-examined (and closed) only on
@@ -172,84 +172,35 @@ tails to stderr; the JSON is printed all the same.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _common
+import _fleet
+import _harness
+from _common import log
+
 #: Name of the start-URL list both systems' RedisSpider reads (spider "fleet").
 START_URLS_KEY = "fleet:start_urls"
-BANKER_SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
 SYSTEMS: tuple[str, ...] = ("scrapy_redis", "banker")
 PER_HOST = 2
 SAMPLE_S = 0.1
 #: Fraction of the pages after which the tail starts (``tail_s``).
 TAIL_FROM = 0.9
-#: This module, as the workers import it (``benchmarks/`` on their PYTHONPATH).
-TUNING = "distributed.FleetTuning"
-#: ``--reactor`` shorthands; anything else is taken as an import path.
-REACTORS = {
-    "epoll": "twisted.internet.epollreactor.EPollReactor",
-    "asyncio": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
-}
 #: Summed over a banker fleet's workers into each run's ``banker_<name>``.
 BANKER_COUNTERS = (
     "handover_waits", "idle_waits", "popped", "partitions_moved", "fenced", "redelivered",
     "handed_back", "steals", "partitions_stolen", "duplicates", "duplicates_cached",
     "drain_checks",
 )  # fmt: skip
-
-
-class FleetTuning:
-    """Worker-side extension (both systems): see the module docstring, "Fairness".
-
-    Kept free of heavy imports: it is loaded in every worker process.
-    """
-
-    def __init__(self, crawler: Any) -> None:
-        from scrapy import signals
-        from scrapy.core.engine import ExecutionEngine
-
-        settings = crawler.settings
-        heartbeat = settings.getfloat("DISTRIBUTED_BENCH_HEARTBEAT", 0.0)
-        if heartbeat > 0:
-            ExecutionEngine._SLOT_HEARTBEAT_INTERVAL = heartbeat  # type: ignore[misc]
-        self.batch = settings.getint("REDIS_START_URLS_BATCH_SIZE", 0)
-        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
-        crawler.signals.connect(self.response_received, signal=signals.response_received)
-
-    @classmethod
-    def from_crawler(cls, crawler: Any) -> FleetTuning:
-        return cls(crawler)
-
-    def spider_opened(self, spider: Any) -> None:
-        # The start() generator has not run yet: the first read takes the batch.
-        if self.batch > 0 and hasattr(spider, "redis_batch_size"):
-            spider.redis_batch_size = self.batch
-        spider.spider_idle_start_time = time.time()
-        make = getattr(spider, "make_request_from_data", None)
-        if make is not None:
-
-            def filtered(data: Any) -> Any:
-                # scrapy-redis makes every start request dont_filter=True,
-                # so a page linking back to a host's root fetched it again.
-                request = make(data)
-                if hasattr(request, "replace") and getattr(request, "dont_filter", False):
-                    request = request.replace(dont_filter=False)
-                return request
-
-            spider.make_request_from_data = filtered
-
-    def response_received(self, response: Any, request: Any, spider: Any) -> None:
-        spider.spider_idle_start_time = time.time()
 
 
 @dataclass(frozen=True)
@@ -293,26 +244,6 @@ TINY = Workload(hosts=10, total_pages=150, latency_ms=50.0, zipf_s=0.0, fleets=(
                 repeats=1, timeout_s=60.0, max_idle_s=1)  # fmt: skip
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _cpu_ticks() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all cores from /proc/stat; None off Linux."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def _redis_cpu_s(client: Any) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 @dataclass(frozen=True)
 class Options:
     """What every run of one benchmark invocation shares, besides the farm."""
@@ -337,23 +268,14 @@ def settings_for(
         "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
         "MAX_IDLE_TIME_BEFORE_CLOSE": opts.max_idle_s,
         "REDIS_START_URLS_BATCH_SIZE": max(1000, 2 * seeds),
-        "DISTRIBUTED_BENCH_HEARTBEAT": opts.heartbeat,
-        "EXTENSIONS": {TUNING: 0},
         "LOG_LEVEL": "INFO",
     }
+    common = _harness.with_extensions(common, ["_crawler.FleetTuning"], opts.heartbeat)
     if system == "scrapy_redis":
-        return {
-            **common,
-            "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
-            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
-            # False would make the first worker to close flush the shared
-            # queue and dupefilter while the others still crawl.
-            "SCHEDULER_PERSIST": True,
-        }
+        return {**common, **_common.SCRAPY_REDIS}
     return {
         **common,
-        "SCHEDULER": BANKER_SCHEDULER,
-        "ADDONS": {"scrapy_banker.Addon": 500},
+        **_common.BANKER_REDIS,
         "BANKER_REDIS_NODE_ID": node,
         **opts.banker_extra,
     }
@@ -369,142 +291,78 @@ class FleetRun:
     redis_url: str
     workdir: Path
     opts: Options
-    workers: list[Any] = field(default_factory=list)
-    t0: float = 0.0
-    first_t: float | None = None
-    first_n: int = 0
-    last_t: float = 0.0
-    last_n: int = 0
-    end: float = 0.0
-    timed_out: bool = False
-    codes: dict[str, int | None] = field(default_factory=dict)
-    #: (time, pages served) at every poll.
-    samples: list[tuple[float, int]] = field(default_factory=list)
+    fleet: Any = None
+    watch: Any = None
     redis_cpu0: float = 0.0
 
-    def start(self) -> None:
+    def _redis_cpu_s(self) -> float:
         import redis
 
-        from scrapy_banker.testing.fleet import FleetWorker
-
         client = redis.Redis.from_url(self.redis_url)
-        client.flushall()
-        self.farm.reset()
-        seeds = self.farm.start_urls()
-        client.rpush(START_URLS_KEY, *(json.dumps({"url": u}) for u in seeds))
-        self.redis_cpu0 = _redis_cpu_s(client)
-        client.close()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.t0 = self.last_t = time.monotonic()
-        self.workers = [
-            FleetWorker(
-                f"w{i}",
-                self.workdir,
-                {
-                    "spider": "redis",
-                    "seeds": [],
-                    "settings": settings_for(
-                        self.system, self.redis_url, f"w{i}", len(seeds), self.opts
-                    ),
-                },
-            )
-            for i in range(self.n_workers)
-        ]
+        try:
+            return _harness.redis_cpu_s(client)
+        finally:
+            client.close()
+
+    def start(self) -> None:
+        seeds = _fleet.fresh(self.farm, self.redis_url, START_URLS_KEY)
+        self.redis_cpu0 = self._redis_cpu_s()
+        self.fleet = fleet = _fleet.Fleet(self.workdir, timeout_s=self.opts.timeout_s)
+        self.watch = _fleet.FarmWatch(self.farm, fleet.t0)
+        for i in range(self.n_workers):
+            node = f"w{i}"
+            settings = settings_for(self.system, self.redis_url, node, len(seeds), self.opts)
+            fleet.start(node, settings, spider="redis")
 
     def poll(self, now: float) -> bool:
         """Sample the farm; True once every worker has exited (or was killed)."""
-        n = int(self.farm.stats()["requests"])
-        self.samples.append((now, n))
-        if n and self.first_t is None:
-            self.first_t, self.first_n = now, n
-        if n != self.last_n:
-            self.last_t, self.last_n = now, n
-        for w in self.workers:
-            if w.name not in self.codes and w.proc.poll() is not None:
-                self.codes[w.name] = w.proc.returncode
-        if len(self.codes) == len(self.workers):
-            self.end = now
-            return True
-        if now - self.t0 > self.opts.timeout_s:
-            self.timed_out = True
-            for w in self.workers:
-                if w.proc.poll() is None:
-                    w.kill()
-                    self.codes[w.name] = w.proc.returncode
-            self.end = now
-            return True
-        return False
+        self.watch.sample(now)
+        done: bool = self.fleet.poll(now)
+        return done
 
     def result(self, workload: Workload, cpu_busy: float) -> dict[str, Any]:
-        import redis
-
-        for w in self.workers:
-            w.wait(30)
-        client = redis.Redis.from_url(self.redis_url)
-        redis_cpu = _redis_cpu_s(client) - self.redis_cpu0
-        client.close()
-        stats = self.farm.stats(urls=True)
-        fetches: dict[str, int] = stats["fetches"]
+        fleet, watch = self.fleet, self.watch
+        fleet.wait(30)
+        redis_cpu = self._redis_cpu_s() - self.redis_cpu0
         expected = self.farm.expected_urls()
-        lost = len(expected - set(fetches))
-        duplicates = sum(c - 1 for c in fetches.values() if c > 1)
-        pages = int(stats["requests"])
-        wall = self.end - self.t0
-        busy = (self.last_t - self.first_t) if self.first_t is not None else 0.0
-        busy_pages = self.last_n - self.first_n
-        tail_start = next((t for t, n in self.samples if n >= TAIL_FROM * self.last_n), self.last_t)
-        worker_stats: list[dict[str, Any]] = []
-        for w in self.workers:
-            try:
-                worker_stats.append(w.stats())
-            except AssertionError:
-                worker_stats.append({})
-        inflight = stats["max_inflight_per_host"]
-        busy_rate = busy_pages / busy if busy > 0 else math.nan
-        timeline: list[int] = []
-        for t, n in self.samples:
-            while self.t0 + len(timeline) <= t:
-                timeline.append(n)
+        served = _fleet.served(self.farm, expected)
+        pages = served.requests
+        wall = fleet.end - fleet.t0
+        busy = watch.busy_s
+        busy_rate = (watch.last_n - watch.first_n) / busy if busy > 0 else math.nan
+        worker_stats = fleet.stats()
         run: dict[str, Any] = {
             "system": self.system,
             "workers": self.n_workers,
             "pages": pages,
             "expected": len(expected),
-            "lost": lost,
-            "duplicates": duplicates,
+            "lost": len(served.lost),
+            "duplicates": served.duplicates,
             "wall_s": round(wall, 3),
             "busy_s": round(busy, 3),
-            "first_response_s": (
-                round(self.first_t - self.t0, 3) if self.first_t is not None else math.nan
-            ),
-            "tail_s": round(self.last_t - tail_start, 3),
-            "end_detect_s": round(self.end - self.last_t, 3),
+            "first_response_s": round(watch.first_response_s, 3),
+            "tail_s": round(watch.last_t - watch.tail_start(TAIL_FROM), 3),
+            "end_detect_s": round(fleet.end - watch.last_t, 3),
             "pages_per_s": pages / wall if wall > 0 else math.nan,
             "pages_per_s_busy": busy_rate,
             "busy_efficiency": busy_rate / workload.bound(self.n_workers),
-            "max_concurrent_per_host": max(inflight.values(), default=0),
+            "max_concurrent_per_host": served.max_per_host,
             "cpu_busy": cpu_busy,
-            "workers_cpu_s": round(sum(s.get("fleet/cpu_s", 0.0) for s in worker_stats), 2),
+            "workers_cpu_s": round(_fleet.sum_stat(worker_stats, "fleet/cpu_s", float), 2),
             "workers_main_cpu_s": round(
-                sum(s.get("fleet/cpu_main_s", 0.0) for s in worker_stats), 2
+                _fleet.sum_stat(worker_stats, "fleet/cpu_main_s", float), 2
             ),
             "redis_cpu_s": round(redis_cpu, 2),
-            "exit_codes": [self.codes.get(w.name) for w in self.workers],
-            "timed_out": self.timed_out,
+            "exit_codes": fleet.exit_codes(),
+            "timed_out": fleet.timed_out,
             "responses_per_worker": [s.get("response_received_count", 0) for s in worker_stats],
             "finish_reasons": [s.get("finish_reason") for s in worker_stats],
-            "timeline": timeline,
+            "timeline": watch.timeline(),
         }
         if self.system == "banker":
             for key in BANKER_COUNTERS:
-                run[f"banker_{key}"] = sum(
-                    int(s.get(f"banker/redis/{key}", 0)) for s in worker_stats
-                )
-        if lost or self.timed_out or any(c != 0 for c in run["exit_codes"]):
-            _log(f"!! {self.system} x{self.n_workers}: lost {lost}, exit codes "
-                 f"{run['exit_codes']}{', timed out' if self.timed_out else ''}")  # fmt: skip
-            for w in self.workers:
-                _log(f"---- log tail of {self.system} worker {w.name} ----\n{w.log_tail()}")
+                run[f"banker_{key}"] = _fleet.sum_stat(worker_stats, f"banker/redis/{key}")
+        fleet.report(f"{self.system} x{self.n_workers}", run["lost"])
         return run
 
 
@@ -514,20 +372,12 @@ def run_fleets(runs: Sequence[FleetRun], workload: Workload) -> list[dict[str, A
     Several runs at once are the two systems' 1-worker crawls, each on its
     own farm and Redis (see "the trade-off" in the module docstring).
     """
-    cpu0 = _cpu_ticks()
+    cpu = _harness.CpuWindow()
     for run in runs:
         run.start()
-    active = list(runs)
-    while active:
-        now = time.monotonic()
-        active = [run for run in active if not run.poll(now)]
-        if active:
-            time.sleep(SAMPLE_S)
-    cpu1 = _cpu_ticks()
-    cpu_busy = math.nan
-    if cpu0 is not None and cpu1 is not None and cpu1[1] > cpu0[1]:
-        cpu_busy = (cpu1[0] - cpu0[0]) / (cpu1[1] - cpu0[1])
-    return [run.result(workload, cpu_busy) for run in runs]
+    _fleet.watch([run.poll for run in runs], SAMPLE_S)
+    cpu.stop()
+    return [run.result(workload, cpu.busy) for run in runs]
 
 
 #: Run details reported as the median over repeats.
@@ -537,17 +387,13 @@ MEDIANS = ("pages_per_s", "pages_per_s_busy", "busy_efficiency", "wall_s", "busy
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The first run's details with the median timings; worst lost/duplicates/per-host."""
-    out = dict(runs[0])
-    for key in MEDIANS:
-        values = [r[key] for r in runs if isinstance(r[key], (int, float)) and math.isfinite(
-            r[key])]  # fmt: skip
-        out[key] = statistics.median(values) if values else math.nan
-    for key in ("lost", "duplicates", "max_concurrent_per_host"):
-        out[key] = max(r[key] for r in runs)
-    out["pages_per_s_samples"] = [r["pages_per_s"] for r in runs]
-    out["pages_per_s_busy_samples"] = [r["pages_per_s_busy"] for r in runs]
-    out["wall_s_samples"] = [r["wall_s"] for r in runs]
-    return out
+    return _fleet.merge_repeats(
+        runs,
+        median=MEDIANS,
+        worst=("lost", "duplicates", "max_concurrent_per_host"),
+        samples={"pages_per_s_samples": "pages_per_s",
+                 "pages_per_s_busy_samples": "pages_per_s_busy", "wall_s_samples": "wall_s"},
+    )  # fmt: skip
 
 
 def _fleet_sizes(text: str) -> tuple[int, ...]:
@@ -558,14 +404,11 @@ def _fleet_sizes(text: str) -> tuple[int, ...]:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="~4.5 minutes")
-    mode.add_argument("--tiny", action="store_true", help="smoke test, < 30 s")
+    parser = _harness.parser(__doc__, quick="~4.5 minutes", tiny="smoke test, < 30 s")
     parser.add_argument("--seed", type=int, default=7, help="farm layout seed")
     parser.add_argument("--workers", type=_fleet_sizes, default=None,
                         help="fleet sizes besides 1 worker, e.g. 4 or 4,8")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=None, help="runs per configuration")
+    _harness.add_repeats(parser, "runs per configuration")
     parser.add_argument("--hosts", type=int, default=None, help="farm hosts")
     parser.add_argument("--pages", type=int, default=None, help="farm content pages")
     parser.add_argument("--latency-ms", type=float, default=None, help="farm latency")
@@ -578,22 +421,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(Scrapy's default) or an import path")  # fmt: skip
     parser.add_argument("--serial-1w", action="store_true",
                         help="the two systems' 1-worker crawls one after the other")  # fmt: skip
-    parser.add_argument("--banker-set", action="append", default=[], metavar="KEY=JSON",
-                        help="extra setting for the banker runs")  # fmt: skip
+    _harness.add_settings(parser, "extra setting for the banker runs", flag="--banker-set")
     return parser.parse_args(argv)
-
-
-def _banker_extra(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--banker-set {pair!r}: expected KEY=JSON")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def _describe(run: dict[str, Any]) -> str:
@@ -617,39 +446,28 @@ def _describe(run: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import _common
-
     from scrapy_banker.testing.farm import FarmModel, WebFarm
     from scrapy_banker.testing.redis_server import RedisServer
 
     args = _parse(argv)
-    workload = TINY if args.tiny else QUICK if args.quick else FULL
-    if args.workers is not None:
-        workload = replace(workload, fleets=args.workers)
-    if args.repeats is not None:
-        workload = replace(workload, repeats=max(1, args.repeats))
-    for arg, field_name in (("hosts", "hosts"), ("pages", "total_pages"),
-                            ("latency_ms", "latency_ms"), ("zipf", "zipf_s"),
-                            ("concurrent", "concurrent")):  # fmt: skip
-        if getattr(args, arg) is not None:
-            workload = replace(workload, **{field_name: getattr(args, arg)})
-    banker_extra = _banker_extra(args.banker_set)
-    reactor = REACTORS.get(args.reactor, args.reactor)
+    workload = _harness.override(
+        _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,
+        fleets="workers", repeats="repeats", hosts="hosts", total_pages="pages",
+        latency_ms="latency_ms", zipf_s="zipf", concurrent="concurrent",
+    )  # fmt: skip
+    banker_extra = _harness.settings(args.banker_set)
+    reactor = _common.reactor(args.reactor)
     opts = Options(
         args.heartbeat, reactor, workload.timeout_s, workload.max_idle_s,
         workload.concurrent, banker_extra,
     )  # fmt: skip
-    # The workers import FleetTuning from this module.
-    here = str(Path(__file__).resolve().parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (here, os.environ.get("PYTHONPATH", "")) if p
-    )
+    _harness.workers_import_benchmarks()  # the workers load _crawler's extensions
     fleets = workload.fleets
     n = fleets[0]
     config = workload.farm_config(args.seed)
     counts = FarmModel(config).page_counts()
     started = time.perf_counter()
-    _log(
+    log(
         f"farm: {config.hosts} hosts, {sum(counts):,} content pages (largest host "
         f"{counts[0]}, smallest {counts[-1]}), {config.latency_ms:g} ms per request; "
         f"CONCURRENT_REQUESTS={workload.concurrent}, CONCURRENT_REQUESTS_PER_DOMAIN={PER_HOST}"
@@ -667,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.serial_1w:
             farm2 = stack.enter_context(WebFarm(config))
             server2 = stack.enter_context(RedisServer())
-        _log(f"expected pages (BFS from {len(farm.start_urls())} roots): "
+        log(f"expected pages (BFS from {len(farm.start_urls())} roots): "
              f"{len(farm.expected_urls()):,}")  # fmt: skip
 
         def make(system: str, workers: int, rep: int, second: bool = False) -> FleetRun:
@@ -690,16 +508,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for batch in batches:
                 for run in run_fleets(batch, workload):
                     samples.setdefault((run["system"], run["workers"]), []).append(run)
-                    _log(_describe(run))
+                    log(_describe(run))
     runs = {f"{s}_{w}w": _median_run(r) for (s, w), r in samples.items()}
 
     def get(system: str, workers: int, key: str) -> Any:
         return runs[f"{system}_{workers}w"][key]
 
-    def num(value: Any, digits: int = 4) -> float | None:
-        return round(value, digits) if isinstance(value, (int, float)) and math.isfinite(
-            value) else None  # fmt: skip
-
+    num = _common.rounded
     out: dict[str, Any] = {
         "workers": n,
         "fleet_sizes": list(fleets),
@@ -760,10 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out["duplicates_scrapy_redis"] = max(get("scrapy_redis", w, "duplicates") for w in fleets)
     out["lost_1w"] = get("banker", 1, "lost")
     out["lost_scrapy_redis_1w"] = get("scrapy_redis", 1, "lost")
-    out["runs"] = {
-        name: {k: (num(v) if isinstance(v, float) else v) for k, v in run.items()}
-        for name, run in runs.items()
-    }
+    out["runs"] = {name: _common.round_floats(run) for name, run in runs.items()}
 
     print(
         f"{'':<16}{'pages/s wall':>14}{'pages/s busy':>14}{'efficiency':>12}{'tail s':>8}"

@@ -177,7 +177,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -188,18 +187,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-MATRIX = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
+import _common
+import _fleet
+import _harness
+from _common import log
+from _crawler import LATENCY_STAT, SITE_STAT
+
 STRATEGIES: tuple[str, ...] = (
     "random", "top1", "top3", "top3_random", "hungarian", "hungarian_rtt", "oracle",
     "oracle_top1",
 )  # fmt: skip
 ORACLES = ("oracle", "oracle_top1")
-SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
 NODE_HEADER_MW = "scrapy_banker.testing.wan.NodeHeaderMiddleware"
 MEASURE_MW = "scrapy_banker.scheduler.netaware.NetworkMeasureMiddleware"
-#: This module, as the workers import it (``benchmarks/`` on their PYTHONPATH).
-TUNING = "placement.PlacementTuning"
 CONCURRENT = 16
 PER_HOST = 2
 SAMPLE_S = 0.2
@@ -211,48 +211,6 @@ JOIN_POLL_S = 0.05
 MAX_RTT_MS = 1000.0
 #: Probe URLs (``BANKER_PROBE_PATH``): not pages, excluded from every count.
 PROBE_SUFFIX = "/robots.txt"
-#: Stats keys of :class:`PlacementTuning`.
-SITE_STAT = "placement_bench/site/"
-LATENCY_STAT = "placement_bench/download_latency_ms"
-REACTORS = {
-    "epoll": "twisted.internet.epollreactor.EPollReactor",
-    "asyncio": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
-}
-
-
-class PlacementTuning:
-    """Worker-side extension: the engine heartbeat, and what each site cost this node.
-
-    Counts crawl responses per site (netloc) into ``placement_bench/site/<netloc>``
-    -- probes excluded -- so the parent can weight them by the true RTT of
-    this (node, site) pair, and sums Scrapy's ``download_latency`` (ms) as a
-    cross-check that the farm applied the RTTs.  Kept free of heavy imports:
-    it is loaded in every worker process.
-    """
-
-    def __init__(self, crawler: Any) -> None:
-        from scrapy import signals
-        from scrapy.core.engine import ExecutionEngine
-
-        heartbeat = crawler.settings.getfloat("PLACEMENT_BENCH_HEARTBEAT", 0.0)
-        if heartbeat > 0:
-            ExecutionEngine._SLOT_HEARTBEAT_INTERVAL = heartbeat  # type: ignore[misc]
-        self.stats = crawler.stats
-        crawler.signals.connect(self.response_received, signal=signals.response_received)
-
-    @classmethod
-    def from_crawler(cls, crawler: Any) -> PlacementTuning:
-        return cls(crawler)
-
-    def response_received(self, response: Any, request: Any, spider: Any) -> None:
-        if request.meta.get("banker_probe"):
-            return
-        from scrapy.utils.httpobj import urlparse_cached
-
-        self.stats.inc_value(SITE_STAT + urlparse_cached(request).netloc.lower())
-        latency = request.meta.get("download_latency")
-        if isinstance(latency, (int, float)):
-            self.stats.inc_value(LATENCY_STAT, float(latency) * 1000.0)
 
 
 @dataclass(frozen=True)
@@ -280,26 +238,6 @@ QUICK_STRATEGIES: tuple[str, ...] = ("random", "top3")
 FULL = replace(QUICK, repeats=3)
 TINY = Workload(workers=3, hosts=8, total_pages=60, zipf_s=0.5, latency_scale=0.5,
                 repeats=1, timeout_s=60.0, idle_s=0.5, gnp_dims=2)  # fmt: skip
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _cpu_ticks() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all cores from /proc/stat; None off Linux."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 # ---------------------------------------------------------------------- layout
@@ -441,12 +379,11 @@ def strategy_settings(strategy: str) -> dict[str, Any]:
 def worker_settings(strategy: str, redis_url: str, index: int, opts: Options) -> dict[str, Any]:
     """One worker's Scrapy settings; only the placement settings differ between strategies."""
     node = f"n{index}"
-    return {
+    settings = {
         "TWISTED_REACTOR": opts.reactor,
         "REMOTE_CONTROL_ENABLED": False,
         "LOG_LEVEL": "INFO",
-        "SCHEDULER": SCHEDULER,
-        "ADDONS": {"scrapy_banker.Addon": 500},
+        **_common.BANKER_REDIS,
         "REDIS_URL": redis_url,
         "BANKER_REDIS_NODE_ID": node,
         "BANKER_REDIS_HEARTBEAT": 0.5,
@@ -454,8 +391,6 @@ def worker_settings(strategy: str, redis_url: str, index: int, opts: Options) ->
         "CONCURRENT_REQUESTS": CONCURRENT,
         "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
         "DOWNLOADER_MIDDLEWARES": {NODE_HEADER_MW: 50, MEASURE_MW: 60},
-        "EXTENSIONS": {TUNING: 0},
-        "PLACEMENT_BENCH_HEARTBEAT": opts.heartbeat,
         "BANKER_GNP_LANDMARK": index % 2 == 0,
         "BANKER_GNP_DIMS": opts.workload.gnp_dims,
         "BANKER_PROBE_RATE": opts.probe_rate,
@@ -463,6 +398,7 @@ def worker_settings(strategy: str, redis_url: str, index: int, opts: Options) ->
         **strategy_settings(strategy),
         **opts.extra,
     }
+    return _harness.with_extensions(settings, ["_crawler.PlacementTuning"], opts.heartbeat)
 
 
 def site_partitions(
@@ -574,112 +510,62 @@ def run_fleet(
     """
     import redis
 
-    from scrapy_banker.testing.fleet import FleetWorker
-
     n_workers = opts.workload.workers
     order = list(range(n_workers)) if order is None else list(order)
     if sorted(order) != list(range(n_workers)):
         raise ValueError(f"join order {order} is not a permutation of 0..{n_workers - 1}")
-    seeds = farm.start_urls()
     settings = [worker_settings(strategy, redis_url, i, opts) for i in range(n_workers)]
     table_key = redis_keys(settings[0]).table
+    seeds = _fleet.fresh(farm, redis_url)
     client = redis.Redis.from_url(redis_url)
-    client.flushall()
-    farm.reset()
     if strategy in ORACLES:
         prefix, partitions = site_partitions(seeds, settings[0])
         seed_oracle(client, prefix, partitions, true_ms)
-    workdir.mkdir(parents=True, exist_ok=True)
-    cpu0, children0 = _cpu_ticks(), _children_cpu_s()
-    t0 = time.monotonic()
-    started: dict[int, Any] = {}
+    cpu = _harness.CpuWindow()
+    fleet = _fleet.Fleet(workdir, timeout_s=opts.workload.timeout_s)
+    watch = _fleet.FarmWatch(farm, fleet.t0, interval=SAMPLE_S)
     pending = list(order)
-    joining: tuple[int, float] | None = None  # (worker index, when it was started)
+    joining: list[tuple[str, float]] = []  # (worker started, not joined yet; when)
     joined_s: dict[str, float | None] = {}
-    first_t: float | None = None
-    first_n = 0
-    last_t = t0
-    last_n = 0
-    timed_out = False
-    codes: dict[str, int | None] = {}
-    timeline: list[int] = []
-    next_mark = t0
-    next_sample = t0
-    while True:
-        now = time.monotonic()
-        if joining is not None:
-            index, since = joining
-            worker = started[index]
-            if _owns_partitions(client, table_key, worker.name):
-                joined_s[worker.name] = round(now - t0, 3)
-                joining = None
-            elif worker.proc.poll() is not None or now - since > JOIN_TIMEOUT_S:
-                joined_s[worker.name] = None
-                _log(f"!! {strategy}: worker {worker.name} did not join within "
-                     f"{now - since:.1f} s; starting the next one anyway")  # fmt: skip
-                joining = None
-        if joining is None and pending:
+
+    def poll(now: float) -> bool:
+        if joining:
+            name, since = joining[0]
+            if _owns_partitions(client, table_key, name):
+                joined_s[name] = round(now - fleet.t0, 3)
+                joining.clear()
+            elif not fleet.running(name) or now - since > JOIN_TIMEOUT_S:
+                joined_s[name] = None
+                log(f"!! {strategy}: worker {name} did not join within "
+                    f"{now - since:.1f} s; starting the next one anyway")  # fmt: skip
+                joining.clear()
+        if not joining and pending:
             index = pending.pop(0)
-            name = f"n{index}"
-            spec = {"spider": "farm", "seeds": seeds, "settings": settings[index]}
-            started[index] = FleetWorker(name, workdir, spec)
-            joining = (index, time.monotonic())
-        if now >= next_sample:
-            next_sample = now + SAMPLE_S
-            n = int(farm.stats()["requests"])
-            if n and first_t is None:
-                first_t, first_n = now, n
-            if n != last_n:
-                last_t, last_n = now, n
-            if now >= next_mark:
-                timeline.append(n)
-                next_mark += 1.0
-        for w in started.values():
-            if w.name not in codes and w.proc.poll() is not None:
-                codes[w.name] = w.proc.returncode
-        if not pending and len(codes) == n_workers:
-            break
-        if now - t0 > opts.workload.timeout_s:
-            timed_out = True
-            for w in started.values():
-                if w.proc.poll() is None:
-                    w.kill()
-                    codes[w.name] = w.proc.returncode
-            break
-        time.sleep(JOIN_POLL_S if joining is not None else SAMPLE_S)
+            fleet.start(f"n{index}", settings[index], seeds=seeds)
+            joining.append((f"n{index}", time.monotonic()))
+        watch.sample(now)
+        return bool(fleet.poll(now) and (not pending or fleet.timed_out))
+
+    _fleet.watch([poll], lambda: JOIN_POLL_S if joining else SAMPLE_S)
     client.close()
-    workers = [started[i] for i in sorted(started)]
-    end = time.monotonic()
-    for w in workers:
-        w.wait(30)  # reap, so RUSAGE_CHILDREN counts them
-    cpu1, children1 = _cpu_ticks(), _children_cpu_s()
-    cpu_busy = math.nan
-    if cpu0 is not None and cpu1 is not None and cpu1[1] > cpu0[1]:
-        cpu_busy = (cpu1[0] - cpu0[0]) / (cpu1[1] - cpu0[1])
-    stats = farm.stats(urls=True)
-    fetches: dict[str, int] = stats["fetches"]
-    pages = {u: c for u, c in fetches.items() if not u.endswith(PROBE_SUFFIX)}
-    probes = sum(c for u, c in fetches.items() if u.endswith(PROBE_SUFFIX))
+    names = [f"n{i}" for i in range(n_workers) if f"n{i}" in fleet.workers]
+    fleet.wait(30)  # reap, so RUSAGE_CHILDREN counts them
+    cpu.stop()
     expected = farm.expected_urls()
-    lost = len(expected - set(pages))
-    dup = sum(c - 1 for c in pages.values() if c > 1)
-    n_pages = sum(pages.values())
-    wall = end - t0
-    busy = (last_t - first_t) if first_t is not None else 0.0
+    served = _fleet.served(farm, expected, leave_out=lambda url: url.endswith(PROBE_SUFFIX))
+    lost = len(served.lost)
+    n_pages = served.pages
+    wall = fleet.end - fleet.t0
+    busy = watch.busy_s
     # The counter includes probes; the busy figure counts pages only.
-    busy_pages = n_pages * (last_n - first_n) / last_n if last_n else 0
-    worker_stats: list[dict[str, Any]] = []
-    for w in workers:
-        try:
-            worker_stats.append(w.stats())
-        except AssertionError:
-            worker_stats.append({})
+    busy_pages = n_pages * (watch.last_n - watch.first_n) / watch.last_n if watch.last_n else 0
+    worker_stats = fleet.stats(names)
     paid = 0.0
     counted = 0
     latency_sum = 0.0
     per_node_pages: list[int] = []
-    for w, s in zip(workers, worker_stats, strict=True):
-        row = true_ms.get(w.name, {})
+    for name, s in zip(names, worker_stats, strict=True):
+        row = true_ms.get(name, {})
         mine = 0
         for key, value in s.items():
             if key.startswith(SITE_STAT):
@@ -696,12 +582,12 @@ def run_fleet(
         "pages": n_pages,
         "expected": len(expected),
         "lost": lost,
-        "dup": dup,
-        "probes": probes,
+        "dup": served.duplicates,
+        "probes": served.left_out,
         "wall_s": round(wall, 3),
         "busy_s": round(busy, 3),
-        "first_response_s": round(first_t - t0, 3) if first_t is not None else None,
-        "tail_s": round(end - last_t, 3),
+        "first_response_s": _common.rounded(watch.first_response_s, 3),
+        "tail_s": round(fleet.end - watch.last_t, 3),
         "pages_per_s": n_pages / wall if wall > 0 else math.nan,
         "pages_per_s_busy": busy_pages / busy if busy > 0 else math.nan,
         "mean_rtt_ms": paid / counted if counted else math.nan,
@@ -709,58 +595,49 @@ def run_fleet(
         if sum(per_node_pages)
         else math.nan,
         "pages_per_node": per_node_pages,
-        "partitions_moved": sum(int(s.get("banker/placement/moves", 0)) for s in worker_stats)
+        "partitions_moved": _fleet.sum_stat(worker_stats, "banker/placement/moves")
         if moves_seen or strategy == "random"
         else None,
-        "placement_errors": sum(int(s.get("banker/placement/errors", 0)) for s in worker_stats),
-        "rebalance_moves": sum(
-            int(s.get("banker/redis/partitions_moved", 0)) for s in worker_stats
-        ),
-        "probes_sent": sum(int(s.get("banker/net/probes", 0)) for s in worker_stats),
-        "cpu_busy": cpu_busy,
-        "workers_cpu_s": round(children1 - children0, 2),
-        "max_concurrent_per_host": max(stats["max_inflight_per_host"].values(), default=0),
-        "exit_codes": [codes.get(w.name) for w in workers],
-        "timed_out": timed_out,
+        "placement_errors": _fleet.sum_stat(worker_stats, "banker/placement/errors"),
+        "rebalance_moves": _fleet.sum_stat(worker_stats, "banker/redis/partitions_moved"),
+        "probes_sent": _fleet.sum_stat(worker_stats, "banker/net/probes"),
+        "cpu_busy": cpu.busy,
+        "workers_cpu_s": round(cpu.children_s, 2),
+        "max_concurrent_per_host": served.max_per_host,
+        "exit_codes": fleet.exit_codes(names),
+        "timed_out": fleet.timed_out,
         "join_order": [f"n{i}" for i in order],
         "joined_s": [joined_s.get(f"n{i}") for i in order],
         "finish_reasons": [s.get("finish_reason") for s in worker_stats],
-        "timeline": timeline,
+        "timeline": watch.timeline(),
     }
-    if lost or timed_out or any(c != 0 for c in run["exit_codes"]):
-        _log(f"!! {strategy}: lost {lost}, exit codes {run['exit_codes']}"
-             f"{', timed out' if timed_out else ''}")  # fmt: skip
-        for w in workers:
-            _log(f"---- log tail of {strategy} worker {w.name} ----\n{w.log_tail()}")
+    fleet.report(strategy, lost)
     return run
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The first run's details with median figures; the worst lost/dup."""
-    out = dict(runs[0])
-    for key in ("pages_per_s", "pages_per_s_busy", "wall_s", "busy_s", "mean_rtt_ms"):
-        values = [r[key] for r in runs if isinstance(r[key], (int, float))]
-        out[key] = statistics.median(values) if values else math.nan
-    for key in ("lost", "dup"):
-        out[key] = max(r[key] for r in runs)
-    out["pages_per_s_samples"] = [r["pages_per_s"] for r in runs]
-    out["join_orders"] = [r["join_order"] for r in runs]
-    return out
+    return _fleet.merge_repeats(
+        runs,
+        median=("pages_per_s", "pages_per_s_busy", "wall_s", "busy_s", "mean_rtt_ms"),
+        worst=("lost", "dup"),
+        samples={"pages_per_s_samples": "pages_per_s", "join_orders": "join_order"},
+    )
 
 
 # ------------------------------------------------------------------------- CLI
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true",
-                      help="random and top3 only, 5 paired runs (~4 min)")  # fmt: skip
-    mode.add_argument("--tiny", action="store_true", help="harness smoke test (3 workers)")
+    parser = _harness.parser(
+        __doc__,
+        quick="random and top3 only, 5 paired runs (~4 min)",
+        tiny="harness smoke test (3 workers)",
+    )
     parser.add_argument("--strategies", default=None,
                         help=f"comma-separated subset of {','.join(STRATEGIES)} (default: "
                         f"all; with --quick: {','.join(QUICK_STRATEGIES)})")  # fmt: skip
     parser.add_argument("--seed", type=int, default=7, help="farm and layout seed")
     parser.add_argument("--workers", type=int, default=None, help="fleet size (>= 2)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per strategy")
+    _harness.add_repeats(parser, "runs per strategy")
     parser.add_argument("--hosts", type=int, default=None, help="farm hosts")
     parser.add_argument("--pages", type=int, default=None, help="farm content pages")
     parser.add_argument("--zipf", type=float, default=None, help="host size skew")
@@ -778,8 +655,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None,
                         help="keep worker specs, logs and stats here (default: a temporary "
                         "directory, deleted at the end)")  # fmt: skip
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
-                        help="extra worker setting for every strategy")  # fmt: skip
+    _harness.add_settings(parser, "extra worker setting for every strategy")
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 2:
         parser.error("--workers must be >= 2")
@@ -792,27 +668,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _extra(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {pair!r}: expected KEY=JSON")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
-def _num(value: Any, digits: int = 4) -> float | None:
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return round(float(value), digits)
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    import _common
     import numpy as np
 
     from scrapy_banker.net.gnp import read_rtt_matrix
@@ -820,30 +676,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from scrapy_banker.testing.redis_server import RedisServer
 
     args = _parse(argv)
-    workload = TINY if args.tiny else QUICK if args.quick else FULL
-    for arg, name in (("workers", "workers"), ("repeats", "repeats"), ("hosts", "hosts"),
-                      ("pages", "total_pages"), ("zipf", "zipf_s"),
-                      ("latency_scale", "latency_scale")):  # fmt: skip
-        if getattr(args, arg) is not None:
-            workload = replace(workload, **{name: getattr(args, arg)})
-    workload = replace(workload, repeats=max(1, workload.repeats))
-    extra = _extra(args.set)
-    reactor = REACTORS.get(args.reactor, args.reactor)
+    workload = _harness.override(
+        _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,
+        workers="workers", repeats="repeats", hosts="hosts", total_pages="pages",
+        zipf_s="zipf", latency_scale="latency_scale",
+    )  # fmt: skip
+    extra = _harness.settings(args.set)
+    reactor = _common.reactor(args.reactor)
     opts = Options(workload, args.heartbeat, reactor, args.probe_rate, args.interval, extra)
     strategies = args.strategy_list
-    # The workers import PlacementTuning from this module.
-    here = str(Path(__file__).resolve().parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (here, os.environ.get("PYTHONPATH", "")) if p
-    )
-    m = read_rtt_matrix(MATRIX)
+    _harness.workers_import_benchmarks()  # the workers load _crawler's extensions
+    m = read_rtt_matrix(_harness.RTT_MATRIX)
     layout = choose_layout(m, workload.workers, workload.hosts, args.seed, args.nodes)
     config = FarmConfig(
         seed=args.seed,
         hosts=workload.hosts,
         total_pages=workload.total_pages,
         zipf_s=workload.zipf_s,
-        rtt_matrix=str(MATRIX),
+        rtt_matrix=str(_harness.RTT_MATRIX),
         node_rows=layout.node_rows,
         host_columns=layout.host_columns,
         latency_scale=workload.latency_scale,
@@ -856,9 +706,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     nearest = np.bincount(true.argmin(axis=0), minlength=len(nodes))
     weights = np.array([model.n_urls(h) for h in range(workload.hosts)], dtype=np.float64)
     started = time.perf_counter()
-    _log(
+    log(
         f"farm: {config.hosts} hosts, {sum(counts):,} content pages (largest host "
-        f"{counts[0]}, smallest {counts[-1]}), RTTs from {MATRIX.name} x "
+        f"{counts[0]}, smallest {counts[-1]}), RTTs from {_harness.RTT_MATRIX.name} x "
         f"{config.latency_scale:g}; {workload.workers} workers ({args.nodes} rows "
         f"{list(layout.node_rows.values())}), nearest node per host {nearest.tolist()}; "
         f"mean RTT over pairs {true.mean():.1f} ms, to the nearest node "
@@ -880,20 +730,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             n: {site: float(true[i, h]) for h, site in enumerate(sites)}
             for i, n in enumerate(nodes)
         }
-        _log(f"expected pages (BFS from {len(farm.start_urls())} roots): "
+        log(f"expected pages (BFS from {len(farm.start_urls())} roots): "
              f"{len(farm.expected_urls()):,}")  # fmt: skip
         tmp = Path(args.workdir) if args.workdir else Path(scratch)
         for rep in range(workload.repeats):
             joins = join_order(args.seed, rep, workload.workers)
             join_orders.append([f"n{i}" for i in joins])
-            _log(f"repetition {rep + 1}/{workload.repeats}: workers join in the order "
+            log(f"repetition {rep + 1}/{workload.repeats}: workers join in the order "
                  f"{', '.join(join_orders[-1])}")  # fmt: skip
             order = strategies if rep % 2 == 0 else strategies[::-1]
             for strategy in order:
                 run = run_fleet(strategy, farm, server.url, tmp / f"{strategy}-{rep}",
                                 opts, true_ms, joins)  # fmt: skip
                 samples.setdefault(strategy, []).append(run)
-                _log(
+                log(
                     f"  {strategy:<13} {run['pages']:,} pages, {run['pages_per_s']:6.1f} "
                     f"pages/s wall ({run['wall_s']:.1f} s), {run['pages_per_s_busy']:6.1f} "
                     f"busy ({run['busy_s']:.1f} s; first response {run['first_response_s']} s, "
@@ -909,6 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = runs.get(strategy)
         return float(run["pages_per_s"]) if run is not None else math.nan
 
+    num = _common.rounded
     out: dict[str, Any] = {
         "workers": workload.workers,
         "hosts": workload.hosts,
@@ -923,9 +774,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "node_rows": layout.node_rows,
         "host_columns": {str(h): c for h, c in layout.host_columns.items()},
         "hosts_nearest_per_node": nearest.tolist(),
-        "mean_rtt_ms_all_pairs": _num(true.mean(), 2),
-        "mean_rtt_ms_nearest": _num(float((true.min(axis=0) * weights).sum() / weights.sum()), 2),
-        "mean_rtt_ms_uniform": _num(float((true.mean(axis=0) * weights).sum() / weights.sum()), 2),
+        "mean_rtt_ms_all_pairs": num(true.mean(), 2),
+        "mean_rtt_ms_nearest": num(float((true.min(axis=0) * weights).sum() / weights.sum()), 2),
+        "mean_rtt_ms_uniform": num(float((true.mean(axis=0) * weights).sum() / weights.sum()), 2),
         "concurrent_requests": CONCURRENT,
         "per_host_limit": PER_HOST,
         "probe_rate": args.probe_rate,
@@ -934,26 +785,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "extra_settings": extra,
     }
     for s in STRATEGIES:
-        run = runs.get(s)
-        out[f"pages_per_s_{s}"] = _num(run["pages_per_s"], 2) if run else None
-        out[f"pages_per_s_busy_{s}"] = _num(run["pages_per_s_busy"], 2) if run else None
-        out[f"mean_rtt_ms_{s}"] = _num(run["mean_rtt_ms"], 2) if run else None
-        out[f"lost_{s}"] = run["lost"] if run else None
-        out[f"dup_{s}"] = run["dup"] if run else None
-        out[f"partitions_moved_{s}"] = run["partitions_moved"] if run else None
+        got = runs.get(s)
+        out[f"pages_per_s_{s}"] = num(got["pages_per_s"], 2) if got else None
+        out[f"pages_per_s_busy_{s}"] = num(got["pages_per_s_busy"], 2) if got else None
+        out[f"mean_rtt_ms_{s}"] = num(got["mean_rtt_ms"], 2) if got else None
+        out[f"lost_{s}"] = got["lost"] if got else None
+        out[f"dup_{s}"] = got["dup"] if got else None
+        out[f"partitions_moved_{s}"] = got["partitions_moved"] if got else None
     for a, b in (("top1", "random"), ("top3", "random"), ("hungarian", "random"),
                  ("hungarian_rtt", "random"), ("oracle", "random"), ("hungarian", "oracle"),
                  ("hungarian_rtt", "oracle"), ("top3", "oracle"),
                  ("oracle_top1", "random"), ("top3", "oracle_top1"),
                  ("top1", "oracle_top1"), ("top3_random", "random"),
                  ("top3", "top3_random")):  # fmt: skip
-        out[f"{a}_vs_{b}"] = _num(_common.ratio(rate(a), rate(b)))
+        out[f"{a}_vs_{b}"] = num(_common.ratio(rate(a), rate(b)))
     # Paired: each run against the random run of its own repetition (same join order).
     paired: dict[str, list[float | None]] = {}
     for s in strategies:
         if s != "random" and "random" in samples:
             paired[s] = [
-                _num(_common.ratio(a["pages_per_s"], b["pages_per_s"]))
+                num(_common.ratio(a["pages_per_s"], b["pages_per_s"]))
                 for a, b in zip(samples[s], samples["random"], strict=True)
             ]
     out["join_orders"] = join_orders
@@ -962,15 +813,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out["top3_vs_random_paired"] = top3_pairs
     finite_pairs = [r for r in top3_pairs or [] if r is not None]
     out["top3_vs_random_paired_median"] = (
-        _num(statistics.median(finite_pairs)) if finite_pairs else None
+        num(statistics.median(finite_pairs)) if finite_pairs else None
     )
     top3 = out["top3_vs_random_paired_median"]
     hung = out["hungarian_vs_oracle"]
     out["targets_met"] = None if top3 is None or hung is None else bool(top3 >= 1.5 and hung >= 0.9)
-    out["runs"] = {
-        name: {k: (_num(v) if isinstance(v, float) else v) for k, v in run.items()}
-        for name, run in runs.items()
-    }
+    out["runs"] = {name: _common.round_floats(run) for name, run in runs.items()}
 
     print(f"{'':<14}{'pages/s':>9}{'busy':>8}{'wall s':>8}{'RTT ms':>8}{'lost':>6}{'dup':>5}"
           f"{'moved':>7}{'probes':>8}")  # fmt: skip

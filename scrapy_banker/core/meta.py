@@ -101,7 +101,7 @@ META_GRANT: Final = "banker_grant"
 META_SLOT: Final = "banker_slot"
 
 #: Redis lease of a request popped from the distributed frontier: a
-#: :class:`scrapy_banker.redis.frontier.LeaseToken` (partition, lease id,
+#: :class:`scrapy_banker.core.ops.LeaseToken` (partition, lease id,
 #: delivery number).  Set by the Redis request store
 #: (:class:`~scrapy_banker.redis.store.RedisLeaseStore`, behind
 #: ``BankerRedisScheduler``) when it decodes the request; read by it to

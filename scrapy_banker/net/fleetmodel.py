@@ -76,9 +76,9 @@ SYNC_INTERVAL_S = 0.1
 FULL_SCAN_INTERVAL_S = 2.0
 #: Partitions per pop pipeline (``redis.worker_jobs.POP_CHUNK``).
 POP_CHUNK = 128
-#: Partitions per reap pipeline (``redis.frontier.REAP_CHUNK``).
+#: Partitions per reap pipeline (``redis.frontier_reaper.REAP_CHUNK``).
 REAP_CHUNK = 128
-#: Partitions counted by one census script on one server (``redis.frontier.CENSUS_CHUNK``).
+#: Partitions counted by one census script on one server (``redis.frontier_census.CENSUS_CHUNK``).
 CENSUS_CHUNK = 256
 #: Seconds between census checks of a worker with room it cannot fill
 #: (``redis.worker_jobs.CENSUS_INTERVAL_S``).

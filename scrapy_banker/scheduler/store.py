@@ -278,7 +278,7 @@ class MemoryStore:
     def _finish(self) -> None:
         """Journal the completion of dispatched requests the engine is done with.
 
-        The rule of :meth:`~scrapy_banker.redis.store.RedisLeaseStore._ack_finished`:
+        The rule of :meth:`~scrapy_banker.redis.store_acks.AckBook.ack_finished`:
         done once the request left the engine's ``requests_in_progress`` (its
         callback's output is scheduled, so its children are journaled before
         this record); without the engine's view, once its slot was released.

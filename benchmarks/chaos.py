@@ -25,16 +25,16 @@ What runs
       and a reply sent before its write can then vanish -- a loss Redis
       documents, not one of the frontier.  (Pick ``--appendfsync everysec``
       to measure that configuration.)
-    * ``--workers`` real crawler processes (``scrapy_banker.testing.fleet``,
-      the runner ``benchmarks/distributed.py`` uses: one ``CrawlerProcess``
-      each, ``BankerRedisScheduler`` through the add-on, Twisted's epoll
+    * ``--workers`` real crawler processes (``scrapy_banker.testing.fleet``
+      through ``_fleet.Fleet``, as in ``benchmarks/distributed.py``: one
+      ``CrawlerProcess`` each, ``BankerRedisScheduler`` through the add-on, Twisted's epoll
       reactor, the plain farm spider seeded with every host root, seeds
       deduplicated fleet-wide).  Short timers, so that faults resolve in
       seconds: ``BANKER_REDIS_LEASE_TTL`` 8 s, ``BANKER_REDIS_NODE_TIMEOUT``
       6 s, heartbeat and reaper 1 s.  The lease TTL outlives every Redis
       outage of the schedule (at most ~4 s), so a Redis fault alone must
-      cause no duplicate.  Every worker also loads :class:`FetchLog` (this
-      module, ``benchmarks/`` on ``PYTHONPATH``), which appends each request
+      cause no duplicate.  Every worker also loads ``_crawler.FetchLog``,
+      which appends each request
       it hands to its downloader, with the time, to a file -- used only to
       *attribute* what the farm measured, never to measure it.
     * A seeded schedule (``--seed``): after a warm-up, rounds of the six
@@ -143,22 +143,23 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
-import json
-import os
 import random
-import signal
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack, suppress
-from dataclasses import dataclass, field, replace
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
+import _common
+import _fleet
+import _harness
+from _common import log
+
 #: The workers' BANKER_REDIS_PREFIX (the plain farm spider is called "fleet").
 PREFIX = "chaos:fleet"
 PER_HOST = 2
@@ -166,9 +167,6 @@ LEASE_TTL_S = 8.0
 NODE_TIMEOUT_S = 6.0
 HEARTBEAT_S = 1.0
 REAP_INTERVAL_S = 1.0
-#: This module, as the workers import it (``benchmarks/`` on their PYTHONPATH).
-FETCH_LOG = "chaos.FetchLog"
-EPOLL = "twisted.internet.epollreactor.EPollReactor"
 KINDS: tuple[str, ...] = (
     "worker_kill", "redis_kill", "client_pause", "debug_sleep", "zombie", "malformed_payload",
 )  # fmt: skip
@@ -184,30 +182,6 @@ OUTAGE_AFTER_S = 10.0
 #: still have been un-acked then (acks are flushed within a second; more
 #: while Redis is away).
 HELD_WINDOW_S = 10.0
-
-
-class FetchLog:
-    """Worker-side extension: one ``<time> <url>`` line per request handed to the downloader.
-
-    Written with ``os.write`` on an ``O_APPEND`` descriptor, no buffering, so
-    a SIGKILL loses nothing already logged.  Kept free of heavy imports: it
-    is loaded in every worker process.
-    """
-
-    def __init__(self, crawler: Any) -> None:
-        from scrapy import signals
-
-        path = crawler.settings.get("CHAOS_FETCH_LOG")
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else -1
-        crawler.signals.connect(self.reached, signal=signals.request_reached_downloader)
-
-    @classmethod
-    def from_crawler(cls, crawler: Any) -> FetchLog:
-        return cls(crawler)
-
-    def reached(self, request: Any, spider: Any) -> None:
-        if self.fd >= 0:
-            os.write(self.fd, f"{time.time():.3f} {request.url}\n".encode())
 
 
 @dataclass(frozen=True)
@@ -234,19 +208,13 @@ TINY = Mode(workers=3, hosts=40, total_pages=3000, latency_ms=150.0, duration_s=
             timeout_s=120.0, warmup_s=4.0, gap_s=(3.0, 5.0))  # fmt: skip
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def worker_settings(
     redis_url: str, node: str, fetch_log: Path, concurrent: int, extra: dict[str, Any]
 ) -> dict[str, Any]:
     """One worker's Scrapy settings (a fresh node name per incarnation)."""
-    return {
-        "TWISTED_REACTOR": EPOLL,
-        "SCHEDULER": SCHEDULER,
-        "ADDONS": {"scrapy_banker.Addon": 500},
-        "EXTENSIONS": {FETCH_LOG: 0},
+    settings = {
+        "TWISTED_REACTOR": _common.EPOLL,
+        **_common.BANKER_REDIS,
         "CHAOS_FETCH_LOG": str(fetch_log),
         "REDIS_URL": redis_url,
         "REDIS_PARAMS": {"socket_timeout": 2, "socket_connect_timeout": 2},
@@ -264,6 +232,7 @@ def worker_settings(
         "LOG_LEVEL": "INFO",
         **extra,
     }
+    return _harness.with_extensions(settings, ["_crawler.FetchLog"])
 
 
 @dataclass
@@ -287,47 +256,6 @@ class Incarnation:
     @property
     def running(self) -> bool:
         return self.worker.proc.poll() is None and self.stopped_at is None
-
-
-@dataclass
-class Sampler:
-    """Polls the farm every :data:`SAMPLE_S` on its own thread: progress and politeness."""
-
-    farm: Any
-    limit: int
-    t0: float
-    requests: int = 0
-    #: host -> (first sample that saw it over the limit, the sample before, max then).
-    over: dict[str, tuple[float, float, int]] = field(default_factory=dict)
-    max_inflight: int = 0
-    errors: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="farm-sampler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _run(self) -> None:
-        previous = time.time()
-        while not self._stop.wait(SAMPLE_S):
-            try:
-                stats = self.farm.stats()
-            except (OSError, RuntimeError, ValueError):
-                self.errors += 1
-                continue
-            now = time.time()
-            self.requests = int(stats["requests"])
-            for host, n in stats["max_inflight_per_host"].items():
-                self.max_inflight = max(self.max_inflight, int(n))
-                if n > self.limit and host not in self.over:
-                    self.over[host] = (now, previous, int(n))
-            previous = now
 
 
 @dataclass
@@ -367,6 +295,7 @@ class Chaos:
         self.farm = farm
         self.server = server
         self.workdir = workdir
+        self.fleet = _fleet.Fleet(workdir, clock=time.time)
         self.partitions = partitions
         self.client = redis.Redis.from_url(server.url, socket_timeout=5, socket_connect_timeout=2)
         self.frontier = RedisFrontier(self.client, prefix=PREFIX, partitions=partitions)
@@ -399,7 +328,7 @@ class Chaos:
             try:
                 action()
             except Exception as exc:  # a fault action must never end the soak
-                _log(f"!! {what} failed at t={self.now():.1f}: {exc!r}")
+                log(f"!! {what} failed at t={self.now():.1f}: {exc!r}")
 
     @property
     def pending(self) -> bool:
@@ -408,21 +337,12 @@ class Chaos:
     # -- workers ---------------------------------------------------------------------------
 
     def spawn(self, slot: int, gen: int) -> Incarnation:
-        from scrapy_banker.testing.fleet import FleetWorker
-
         name = f"w{slot}.{gen}"
         fetch_log = self.workdir / f"{name}.fetches"
-        worker = FleetWorker(
-            name,
-            self.workdir,
-            {
-                "spider": "farm",
-                "seeds": self.seeds,
-                "settings": worker_settings(
-                    self.server.url, name, fetch_log, self.mode.concurrent, self.settings_extra
-                ),
-            },
+        settings = worker_settings(
+            self.server.url, name, fetch_log, self.mode.concurrent, self.settings_extra
         )
+        worker = self.fleet.start(name, settings, seeds=self.seeds)
         return Incarnation(slot, gen, worker, fetch_log, time.time())
 
     def start_fleet(self) -> None:
@@ -442,7 +362,7 @@ class Chaos:
         try:
             view = read_fleet(self.client, self.frontier.keyspace, node_timeout_s=NODE_TIMEOUT_S)
         except Exception as exc:
-            _log(f"   (could not read the fleet for {node}: {exc!r}; bound estimated)")
+            log(f"   (could not read the fleet for {node}: {exc!r}; bound estimated)")
             return self.max_held, True
         for n in view.nodes:
             if n.name == node:
@@ -458,17 +378,16 @@ class Chaos:
         self.events.append(event)
         extra = f" {event.detail}" if event.detail else ""
         bound = f", held {event.bound}" if event.kind in ("worker_kill", "zombie") else ""
-        _log(f"t={event.t:6.1f} fault {event.kind} {event.target or ''}{bound}{extra}")
+        log(f"t={event.t:6.1f} fault {event.kind} {event.target or ''}{bound}{extra}")
 
     def _fault_worker_kill(self) -> None:
         running = self._running()
         if not running:
-            _log(f"t={self.now():6.1f} worker_kill skipped: no running worker")
+            log(f"t={self.now():6.1f} worker_kill skipped: no running worker")
             return
         victim = self.rng.choice(running)
-        victim.worker.proc.send_signal(signal.SIGKILL)
+        self.fleet.kill(victim.name)
         victim.killed_at = time.time()
-        victim.worker.proc.wait(timeout=30)
         held, estimated = self._held(victim.name)
         pause = round(self.rng.uniform(2.0, 6.0), 2)
         event = Event("worker_kill", self.now(), victim.name, {"restart_after_s": pause},
@@ -481,17 +400,17 @@ class Chaos:
             self.retired.append(victim)
             new = self.spawn(victim.slot, victim.gen + 1)
             self.slots[victim.slot] = new
-            _log(f"t={self.now():6.1f} restarted slot {victim.slot} as {new.name}")
+            log(f"t={self.now():6.1f} restarted slot {victim.slot} as {new.name}")
 
         self.at(pause, f"restart of slot {victim.slot}", restart)
 
     def _fault_zombie(self) -> None:
         running = self._running()
         if len(running) < 2:
-            _log(f"t={self.now():6.1f} zombie skipped: fewer than 2 running workers")
+            log(f"t={self.now():6.1f} zombie skipped: fewer than 2 running workers")
             return
         victim = self.rng.choice(running)
-        os.kill(victim.worker.proc.pid, signal.SIGSTOP)
+        self.fleet.freeze(victim.name)
         victim.stopped_at = time.time()
         held, estimated = self._held(victim.name)
         stop_s = round(max(LEASE_TTL_S, NODE_TIMEOUT_S) + self.rng.uniform(2.0, 4.0), 2)
@@ -507,9 +426,8 @@ class Chaos:
             stopped = victim.stopped_at
             victim.stopped_at = None
             victim.stops.append((stopped or time.time(), time.time()))
-            if victim.worker.proc.poll() is None:
-                os.kill(victim.worker.proc.pid, signal.SIGCONT)
-            _log(f"t={self.now():6.1f} resumed zombie {victim.name}")
+            self.fleet.thaw(victim.name)
+            log(f"t={self.now():6.1f} resumed zombie {victim.name}")
 
         self.at(stop_s, f"SIGCONT of {victim.name}", resume)
 
@@ -522,14 +440,14 @@ class Chaos:
         def start() -> None:
             t = time.time()
             self.server.start()
-            _log(f"t={self.now():6.1f} redis-server back (AOF replayed in "
+            log(f"t={self.now():6.1f} redis-server back (AOF replayed in "
                  f"{time.time() - t:.2f} s)")  # fmt: skip
 
         self.at(down, "redis-server restart", start)
 
     def _fault_client_pause(self) -> None:
         ms = int(self.rng.uniform(1500, 3000))
-        self.client.execute_command("CLIENT", "PAUSE", ms, "ALL")
+        self.client.execute_command("CLIENT", "PAUSE", ms, "ALL")  # type: ignore[no-untyped-call]
         self._record(Event("client_pause", self.now(), "redis-server", {"pause_ms": ms},
                            wall=time.time(), outage_s=ms / 1000))  # fmt: skip
 
@@ -542,7 +460,7 @@ class Chaos:
         def sleep() -> None:
             client = redis.Redis.from_url(url, socket_timeout=30)
             try:
-                client.execute_command("DEBUG", "SLEEP", seconds)
+                client.execute_command("DEBUG", "SLEEP", seconds)  # type: ignore[no-untyped-call]
             finally:
                 client.close()
 
@@ -568,7 +486,7 @@ class Chaos:
             try:
                 action()
             except Exception as exc:
-                _log(f"!! {what} failed: {exc!r}")
+                log(f"!! {what} failed: {exc!r}")
 
 
 def schedule(rng: random.Random, mode: Mode) -> list[tuple[float, str]]:
@@ -586,7 +504,7 @@ def schedule(rng: random.Random, mode: Mode) -> list[tuple[float, str]]:
 
 
 def _read_fetch_logs(incarnations: Sequence[Incarnation]) -> dict[str, list[tuple[float, str]]]:
-    """url -> [(time, worker)] from every worker's :class:`FetchLog`, in time order."""
+    """url -> [(time, worker)] from every worker's ``_crawler.FetchLog``, in time order."""
     out: dict[str, list[tuple[float, str]]] = {}
     for inc in incarnations:
         try:
@@ -706,24 +624,8 @@ def attribute_duplicates(
     return blame
 
 
-def _extra_settings(pairs: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {pair!r}: expected KEY=JSON")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="3 workers, ~3 minutes")
-    size.add_argument("--tiny", action="store_true", help="smoke test, < 1 minute")
+    parser = _harness.parser(__doc__, quick="3 workers, ~3 minutes", tiny="smoke test, < 1 minute")
     parser.add_argument("--seed", type=int, default=1, help="fault schedule and farm seed")
     parser.add_argument("--workers", type=int, default=None, help="fleet size (>= 2)")
     parser.add_argument("--duration", type=float, default=None, help="seconds of faults")
@@ -735,13 +637,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="seconds before the crawl is declared stuck")  # fmt: skip
     parser.add_argument("--appendfsync", choices=("always", "everysec"), default="always",
                         help="redis-server's AOF fsync policy")  # fmt: skip
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="extra setting for every worker, e.g. BANKER_REDIS_BUFFER=8",
-    )
+    _harness.add_settings(parser, "extra setting for every worker, e.g. BANKER_REDIS_BUFFER=8")
     parser.add_argument(
         "--keep",
         action="store_true",
@@ -765,16 +661,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from scrapy_banker.testing.farm import FarmConfig, WebFarm
     from scrapy_banker.testing.redis_server import RedisServer
 
-    mode = TINY if args.tiny else QUICK if args.quick else FULL
-    for arg, name in (("workers", "workers"), ("duration", "duration_s"), ("hosts", "hosts"),
-                      ("pages", "total_pages"), ("latency_ms", "latency_ms"),
-                      ("concurrent", "concurrent"), ("timeout", "timeout_s")):  # fmt: skip
-        if getattr(args, arg) is not None:
-            mode = replace(mode, **{name: getattr(args, arg)})
-    here = str(Path(__file__).resolve().parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (here, os.environ.get("PYTHONPATH", "")) if p
-    )
+    mode = _harness.override(
+        _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,
+        workers="workers", duration_s="duration", hosts="hosts", total_pages="pages",
+        latency_ms="latency_ms", concurrent="concurrent", timeout_s="timeout",
+    )  # fmt: skip
+    _harness.workers_import_benchmarks()  # the workers load _crawler.FetchLog
     rng = random.Random(args.seed)
     plan = [(t, k) for t, k in schedule(rng, mode) if k in args.kinds]
     config = FarmConfig(seed=args.seed, hosts=mode.hosts, total_pages=mode.total_pages,
@@ -790,7 +682,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-")))
         expected = farm.expected_urls()
-        _log(
+        log(
             f"chaos soak, seed {args.seed}: {mode.workers} workers x {mode.concurrent} "
             f"concurrent ({PER_HOST} per host), farm {config.hosts} hosts / {len(expected):,} "
             f"pages at {config.latency_ms:g} ms; {len(plan)} faults over {mode.duration_s:g} s "
@@ -799,10 +691,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         farm.reset()
         chaos = Chaos(mode, rng, farm, server, workdir)
-        chaos.settings_extra = _extra_settings(args.set)
-        sampler = Sampler(farm, PER_HOST, time.time())
+        chaos.settings_extra = _harness.settings(args.set)
+        sampler = _fleet.FarmWatch(farm, time.time(), interval=SAMPLE_S, limit=PER_HOST)
         chaos.start_fleet()
-        sampler.start()
+        sampler.start_thread()
         timed_out = False
         next_report = 10.0
         plan_iter = iter(plan)
@@ -813,53 +705,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             chaos.run_due()
             crawl_over = chaos.all_exited() and not chaos.pending
             if upcoming is not None and crawl_over:
-                _log(f"t={now:6.1f} the crawl is over: no more faults")
+                log(f"t={now:6.1f} the crawl is over: no more faults")
                 upcoming = None
             if upcoming is not None and now >= upcoming[0]:
                 try:
                     chaos.inject(upcoming[1])
                 except Exception as exc:
-                    _log(f"!! fault {upcoming[1]} failed at t={now:.1f}: {exc!r}")
+                    log(f"!! fault {upcoming[1]} failed at t={now:.1f}: {exc!r}")
                 upcoming = next(plan_iter, None)
             if upcoming is None and faults_over_at is None:
                 # Pending restarts and SIGCONTs still run on time: a zombie
                 # resumed early would not have outlived its leases.
                 faults_over_at = now
-                _log(f"t={now:6.1f} faults over; the fleet finishes the crawl")
+                log(f"t={now:6.1f} faults over; the fleet finishes the crawl")
             if faults_over_at is not None and chaos.all_exited() and not chaos.pending:
                 break
             if now > mode.timeout_s:
                 timed_out = True
-                _log(f"!! t={now:.1f}: the crawl did not finish within {mode.timeout_s:g} s")
+                log(f"!! t={now:.1f}: the crawl did not finish within {mode.timeout_s:g} s")
                 break
             if now >= next_report:
                 next_report += 10.0
                 running = sum(1 for inc in chaos.slots if inc.running)
-                _log(f"t={now:6.1f} {sampler.requests:,}/{len(expected):,} pages, "
+                log(f"t={now:6.1f} {sampler.requests:,}/{len(expected):,} pages, "
                      f"{running}/{mode.workers} workers running, {len(chaos.events)} faults, "
                      f"max/host {sampler.max_inflight}")  # fmt: skip
             time.sleep(0.05)
         wall = chaos.now()
-        sampler.stop()
+        sampler.stop_thread()
         chaos.finish_faults()
-        for inc in chaos.slots:
-            if inc.worker.proc.poll() is None:
-                inc.worker.proc.send_signal(signal.SIGCONT)
-                inc.worker.proc.kill()
-                inc.worker.proc.wait(timeout=30)
+        chaos.fleet.stop_all()
         incarnations = [*chaos.retired, *chaos.slots]
-        stats = farm.stats(urls=True)
-        fetches: dict[str, int] = stats["fetches"]
-        lost_urls = sorted(expected - set(fetches))
-        duplicates = sum(c - 1 for c in fetches.values() if c > 1)
-        max_per_host = max((int(n) for n in stats["max_inflight_per_host"].values()), default=0)
+        served = _fleet.served(farm, expected)
+        fetches = served.fetches
+        lost_urls = served.lost
+        duplicates = served.duplicates
+        max_per_host = served.max_per_host
         logs = _read_fetch_logs(incarnations)
         outages = [(e.kind, e.wall, e.outage_s) for e in chaos.events if e.outage_s]
         blame = attribute_duplicates(fetches, logs, incarnations, outages)
         try:
             letters = list_dead_letters(chaos.client, chaos.frontier.keyspace)
         except Exception as exc:
-            _log(f"!! could not read the dead letters: {exc!r}")
+            log(f"!! could not read the dead letters: {exc!r}")
             letters = []
         reasons = Counter(d.reason for d in letters)
         dead_urls = {d.payload.url for d in letters if d.payload.url}
@@ -887,25 +775,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             exits[inc.name] = code
             if code != 0 and inc.killed_at is None:
                 bad_exits[inc.name] = code
-        for name in bad_exits:
-            inc = next(i for i in incarnations if i.name == name)
-            _log(f"---- log tail of {name} (exit {bad_exits[name]}) ----\n"
-                 f"{inc.worker.log_tail()}")  # fmt: skip
-        worker_stats: dict[str, dict[str, Any]] = {}
-        for inc in incarnations:
-            with suppress(AssertionError):
-                worker_stats[inc.name] = inc.worker.stats()
+        chaos.fleet.log_tails("chaos", bad_exits)
+        worker_stats = dict(zip(exits, chaos.fleet.stats(exits), strict=True))
         bound = sum(e.bound for e in chaos.events if e.kind in ("worker_kill", "zombie"))
         faults = Counter(e.kind for e in chaos.events)
         out: dict[str, Any] = {
             "seed": args.seed,
-            "mode": "tiny" if args.tiny else "quick" if args.quick else "full",
+            "mode": _harness.mode(args),
             "workers": mode.workers,
             "concurrent_requests": mode.concurrent,
             "hosts": config.hosts,
             "latency_ms": config.latency_ms,
             "expected_pages": len(expected),
-            "pages_served": int(stats["requests"]),
+            "pages_served": served.requests,
             "fault_duration_s": mode.duration_s,
             "wall_s": round(wall, 2),
             "total_s": round(time.time() - started, 2),
@@ -987,8 +869,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import _common
-
     args = _parse(argv)
     out = run(args)
     print(

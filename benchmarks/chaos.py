@@ -380,12 +380,19 @@ class Chaos:
         bound = f", held {event.bound}" if event.kind in ("worker_kill", "zombie") else ""
         log(f"t={event.t:6.1f} fault {event.kind} {event.target or ''}{bound}{extra}")
 
-    def _fault_worker_kill(self) -> None:
+    def _victim(self, kind: str, running_at_least: int) -> Incarnation | None:
+        """A random running worker, if at least that many run."""
         running = self._running()
-        if not running:
-            log(f"t={self.now():6.1f} worker_kill skipped: no running worker")
+        if len(running) < running_at_least:
+            log(f"t={self.now():6.1f} {kind} skipped: fewer than {running_at_least} running")
+            return None
+        victim: Incarnation = self.rng.choice(running)
+        return victim
+
+    def _fault_worker_kill(self) -> None:
+        victim = self._victim("worker_kill", 1)
+        if victim is None:
             return
-        victim = self.rng.choice(running)
         self.fleet.kill(victim.name)
         victim.killed_at = time.time()
         held, estimated = self._held(victim.name)
@@ -405,11 +412,9 @@ class Chaos:
         self.at(pause, f"restart of slot {victim.slot}", restart)
 
     def _fault_zombie(self) -> None:
-        running = self._running()
-        if len(running) < 2:
-            log(f"t={self.now():6.1f} zombie skipped: fewer than 2 running workers")
+        victim = self._victim("zombie", 2)
+        if victim is None:
             return
-        victim = self.rng.choice(running)
         self.fleet.freeze(victim.name)
         victim.stopped_at = time.time()
         held, estimated = self._held(victim.name)

@@ -194,24 +194,9 @@ class Workload:
         )
 
 
-FULL = Workload(
-    tasks=100,
-    pages=4,
-    hosts=8,
-    watchdog_s=5.0,
-    heartbeat_s=0.5,
-    check_repeats=301,
-    nodeadlock_repeats=3,
-)
-QUICK = Workload(
-    tasks=100,
-    pages=4,
-    hosts=8,
-    watchdog_s=1.5,
-    heartbeat_s=0.15,
-    check_repeats=101,
-    nodeadlock_repeats=2,
-)
+FULL = Workload(tasks=100, pages=4, hosts=8, watchdog_s=5.0, heartbeat_s=0.5,
+                check_repeats=301, nodeadlock_repeats=3)  # fmt: skip
+QUICK = replace(FULL, watchdog_s=1.5, heartbeat_s=0.15, check_repeats=101, nodeadlock_repeats=2)
 #: Smoke tests: 12 tasks on 2 pages, deterministic enough to assert on.  The
 #: 12 start requests are enqueued within milliseconds and the naive policy
 #: grants the first two at once, long before the first response (>= 50 ms)
@@ -221,15 +206,7 @@ QUICK = Workload(
 #: (two holders each needing one more with none free has no safe sequence),
 #: and that task's step 2 always finds the other page free: no step-2
 #: request ever waits, so none can be Locked whatever the timing.
-TINY = Workload(
-    tasks=12,
-    pages=2,
-    hosts=4,
-    watchdog_s=1.5,
-    heartbeat_s=0.15,
-    check_repeats=11,
-    nodeadlock_repeats=1,
-)
+TINY = replace(QUICK, tasks=12, pages=2, hosts=4, check_repeats=11, nodeadlock_repeats=1)
 
 
 def chains(farm: WebFarm, workload: Workload) -> list[list[str]]:

@@ -1,157 +1,117 @@
 """A crawler fleet under WAN emulation: does network-aware placement speed up a crawl?
 
 What is measured
-    ``--workers`` (6) real worker processes (``scrapy_banker.testing.fleet``,
-    node ids ``n0`` .. ``n5``) crawl one local web farm through one real
+    ``--workers`` (6) real worker processes (``_fleet.Fleet``, node ids
+    ``n0`` .. ``n5``) crawl one local web farm to completion through one
     ``redis-server`` with ``BankerRedisScheduler``, once per placement
     strategy and repetition, each time from scratch (Redis flushed, farm
-    counters reset, same farm, same seeds).  The farm emulates a wide-area network: every
-    request carries ``X-Banker-Node: <node id>``
+    counters reset, same farm, same seeds).  The farm emulates a wide-area
+    network: every request carries ``X-Banker-Node: <node id>``
     (``scrapy_banker.testing.wan.NodeHeaderMiddleware``) and the farm delays
-    its answer by the real round-trip time between that node and the site,
-    taken from the PlanetLab matrix ``data/rtt/planetlab-490-t1.tsv.gz``
-    (490 x 490 ms): node ``n<i>`` is one row of the matrix, farm host ``h``
-    one column (``FarmConfig.node_rows`` / ``host_columns``), times
-    ``latency_scale`` (1.0).
+    its answer by the round-trip time between that node and the site from
+    the PlanetLab matrix ``data/rtt/planetlab-490-t1.tsv.gz`` (490 x 490 ms):
+    node ``n<i>`` is one row, farm host ``h`` one column
+    (``FarmConfig.node_rows`` / ``host_columns``), times ``latency_scale``.
 
-    Strategies (settings given to every worker):
+    Strategies (the settings every worker of a run gets):
 
-    * ``random``: ``BANKER_PLACEMENT = "hash"`` -- today's hash partitioning,
-      network-blind;
+    * ``random``: ``BANKER_PLACEMENT = "hash"``, network-blind;
     * ``top1``: each site's partition on the node nearest to it;
     * ``top3``: among the 3 nearest, the least loaded, heaviest partitions
-      first (``BANKER_PLACEMENT_TOPK_CHOICE = "least_loaded"``, the default:
-      partitions weighed by their backlog in Redis);
+      first (``BANKER_PLACEMENT_TOPK_CHOICE = "least_loaded"``: partitions
+      weighed by their backlog in Redis);
     * ``top3_random``: uniformly among the 3 nearest (the GNP paper's Top3,
       ``BANKER_PLACEMENT_TOPK_CHOICE = "random"``);
     * ``hungarian``: batched Hungarian with equal per-node targets on the
-      patent's ``(tasks + 1) / (BC + BS)`` cost over measured bandwidth;
-    * ``hungarian_rtt``: the same batched Hungarian on measured latency
-      (``BANKER_PLACEMENT_COST = "latency"``, the default).  Added because
-      the patent's cost sums crawl and storage bandwidth: a node's BS (a
-      100 KB ``SET`` to a local Redis, hundreds of MB/s) dwarfs its BC to a
-      site (kB/s for small pages), so ``1 / (BC + BS)`` barely depends on
-      the site and ``hungarian`` is nearly network-blind here;
-    * ``oracle_top1``: every site on its truly nearest node (``top1`` fed
-      the true RTTs like ``oracle``).  ``oracle`` balances partition
-      *counts*, not pages, so with Zipf-sized sites it may put the largest
-      host on a far node and crawl no faster than ``random``;
-      ``oracle_top1`` is the better bound for this workload (per-host
-      limits, not node capacity, bound the crawl);
-    * ``oracle``: Hungarian on the latency cost, fed the TRUE RTTs: before
-      the workers start, the benchmark writes every node x site RTT the farm
-      will apply into ``{prefix}:net:rtt:{node}`` and every site's partition
-      into ``{prefix}:sites``, as if measured; the workers neither probe
-      (``BANKER_PROBE_RATE = 0``) nor measure (``BANKER_NET_MEASURE = False``,
-      so no noisy measurement overwrites the truth).
+      patent's ``(tasks + 1) / (BC + BS)`` cost over measured bandwidth.  A
+      node's BS (a 100 KB ``SET`` to a local Redis) dwarfs its BC to a site
+      (kB/s for small pages), so this cost barely depends on the site;
+    * ``hungarian_rtt``: the same on measured latency
+      (``BANKER_PLACEMENT_COST = "latency"``);
+    * ``oracle``: ``hungarian_rtt`` fed the TRUE RTTs: before the workers
+      start, every node x site RTT the farm will apply is written to
+      ``{prefix}:net:rtt:{node}`` and every site's partition to
+      ``{prefix}:sites``, as if measured; the workers neither probe
+      (``BANKER_PROBE_RATE = 0``) nor measure (``BANKER_NET_MEASURE = False``);
+    * ``oracle_top1``: ``top1`` fed the true RTTs.  ``oracle`` balances
+      partition *counts*, not pages, so with Zipf-sized sites it may put the
+      largest host on a far node; per-host limits, not node capacity, bound
+      this crawl, so ``oracle_top1`` is its better bound.
 
-    The measured strategies (top1, top3, hungarian) start network-blind and
-    learn: landmark nodes (``BANKER_GNP_LANDMARK`` on the even-numbered
-    workers n0, n2, n4) probe every site, the others a few reference sites,
-    ``BANKER_PROBE_RATE`` (20) probes/s per node, GNP (``BANKER_GNP_DIMS`` 3)
-    predicts the pairs nobody measured, and the planner runs every
-    ``BANKER_PLACEMENT_INTERVAL`` (2) s.  Probes (``/robots.txt``, a 404 on
-    the farm, delayed like any page) are excluded from every page count.
+    The measured strategies start network-blind and learn: landmark nodes
+    (``BANKER_GNP_LANDMARK`` on n0, n2, n4) probe every site, the others a
+    few reference sites, ``--probe-rate`` (20) probes/s per node, GNP
+    (``BANKER_GNP_DIMS`` 3) predicts the pairs nobody measured, and the
+    planner runs every ``--interval`` (2) s.  Probes (``/robots.txt``, a 404
+    on the farm, delayed like any page) are excluded from every page count.
 
-    Per strategy ``<s>``:
-
-    * ``pages_per_s_<s>``: pages fetched (farm fetches, probes excluded) /
-      wall time from the first worker's start to the last worker's exit
-      (process start-up and the idle-close delay included: what a user
-      waits for); ``pages_per_s_busy_<s>``: the same over the busy span (the
-      parent samples the farm's request counter every 0.2 s; the span runs
-      from the first sample that saw a request to the last that saw it
-      change);
-    * ``mean_rtt_ms_<s>``: mean emulated RTT actually paid per fetched page:
-      each worker counts its responses per site (:class:`PlacementTuning`,
-      probes excluded) and each count is weighted by the RTT the farm applies
-      to that (node, site) pair;
-    * ``lost_<s>`` / ``dup_<s>``: expected pages (a BFS of the farm's links)
-      never fetched, and fetches beyond the first of a page;
-    * ``partitions_moved_<s>``: partitions the planner moved
-      (``banker/placement/moves`` summed over the workers; 0 for ``random``).
-
-    Join order: workers start one at a time, each once the previous one
-    owns partitions in the table in Redis (its join's rebalance is done), in
-    an order of their own per repetition, seeded by ``--seed`` and shared by
-    every strategy of that repetition (``join_orders``; each run's
-    ``join_order`` and ``joined_s``, seconds from the first start to each
-    join).  Each join rebalances the hash placement, so the order decides
-    which node gets the largest site under ``random``; started all at once,
-    the order was a race between processes and ``random`` was bimodal.
-
-    Ratios: ``top1_vs_random``, ``top3_vs_random``, ``hungarian_vs_random``,
-    ``hungarian_rtt_vs_random``, ``hungarian_vs_oracle``,
-    ``hungarian_rtt_vs_oracle``, ``top3_vs_oracle``, ``top3_random_vs_random``,
-    ``top3_vs_top3_random`` (wall pages/s, ratios of the strategies' medians
-    over repetitions).  Paired ratios: ``paired_vs_random`` (per strategy,
-    one ratio per repetition: the strategy's run over the ``random`` run of
-    the same repetition, i.e. the same join order), ``top3_vs_random_paired``
-    (the list for top3) and ``top3_vs_random_paired_median``.  Targets
-    (reported, never asserted): top3 >= 1.5x random as the median of the
-    paired ratios, and hungarian within 10 % of oracle (``targets_met``;
-    null when a strategy was not run).  Also in the JSON:
-    ``oracle_vs_random``; ``mean_rtt_ms_uniform`` (what a network-blind
-    placement pays on average) and ``mean_rtt_ms_nearest`` (every site on
-    its nearest node: the floor), both weighted by the sites' sizes; the
-    layout (``node_rows``, ``host_columns``, ``hosts_nearest_per_node``);
-    and ``runs``, each strategy's details
-    (busy span, first response, tail, ``cpu_busy``, ``workers_cpu_s``,
-    ``mean_download_latency_ms``, pages per node, probes, exit codes,
-    a per-second timeline of the farm's request counter).  Strategies not
-    run are ``null``.
-
-Layout
-    All choices are seeded by ``--seed`` (7).  The RTT matrix is symmetrised
-    and rows with an RTT above 1 s to anyone (a few PlanetLab nodes with
-    broken links) are left out, for nodes and hosts alike: one such pair
-    would make the whole comparison hinge on it.  Nodes are spread with
-    ``--nodes kmedoids`` (default: k-medoids with a k-means++ start, so the
-    fleet sits where the matrix's nodes are, one node per region, as a
-    crawl operator would deploy) or ``--nodes farthest`` (farthest-point
-    selection; it picks the most remote PlanetLab nodes, which are far from
-    nearly every site, so one node ends up nearest to most hosts).  Farm
-    hosts are then mapped to random other columns with finite RTTs to every
-    node.
-
-Workload
-    Hosts are Zipf-sized (``s = 1``, the farm's default: a few large sites
-    and many small ones; 900 content pages, 1,092 URLs, the largest host 206
-    of them) with ``CONCURRENT_REQUESTS`` 16 and
-    ``CONCURRENT_REQUESTS_PER_DOMAIN`` 2.  A host's pages take about
-    ``urls / 2 x RTT`` to fetch, so once the many small hosts are done the
-    crawl is a network-bound tail on the few large ones, whose RTT from
-    their owner decides how long it lasts -- which is what placement
-    changes (the largest host is 55 ms from its nearest node and 140-330 ms
-    from the others).  With random placement that is ~30-40 s.
-
-    Caveat, on a 2-core machine: six Scrapy processes, their Redis I/O
-    threads, redis-server and the farm saturate both cores during start-up
-    (the workers now join one by one over ~8 s, the first response comes
-    ~1.3 s after the first start) and during the crawl's first seconds,
-    whatever the RTTs, and an idle worker keeps polling Redis (its drain
-    check now stops at the first non-empty chunk of 128 partitions and the
-    reaper sends 128 partitions per round trip; before, both walked all
-    1,024 partitions one by one and a crawl took about twice as long), so
-    the tail of a crawl with few busy workers still costs some CPU;
-    ``cpu_busy`` (fraction of all cores busy, from
-    ``/proc/stat``) and ``workers_cpu_s`` are reported per run, and
-    ``mean_download_latency_ms`` (Scrapy's ``download_latency``) next to the
-    emulated ``mean_rtt_ms`` shows how much CPU queueing was added to the
-    network.  A strategy that costs the workers CPU is slowed by it here
-    more than on a fleet with a machine per node.  Fewer pages
-    (``--pages``) or a larger ``--latency-scale`` make the runs more
-    network-bound.  The hash placement of the random runs depends on the
-    order in which the workers join (each join rebalances), so which node
-    gets the largest host varies between join orders -- random is bimodal
-    over orders (about 28 or 70 pages/s when the workers started at once);
-    hence the fixed order per repetition and the paired ratios, which
+    Join order: workers start one at a time, each once the previous one owns
+    partitions in the table in Redis (its join's rebalance done), in an
+    order drawn per repetition from ``--seed`` and shared by every strategy
+    of that repetition.  Each join rebalances the hash placement, so the
+    order decides which node gets the largest site under ``random``, whose
+    speed is bimodal over orders; hence the paired ratios below, which
     compare each strategy with ``random`` under the same order.
 
-    Workers run Twisted's epoll reactor and a 0.5 s engine heartbeat, as in
-    ``benchmarks/distributed.py`` (see its docstring for why), and
-    ``BANKER_REDIS_HEARTBEAT`` 0.5 s, on which the placement agent publishes
-    measurements and plans.
+Workload and layout
+    48 Zipf-sized hosts (``s = 1``: 900 content pages, 1,092 URLs, the
+    largest host 206 of them), ``CONCURRENT_REQUESTS`` 16,
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` 2.  A host's pages take about
+    ``urls / 2 x RTT``, so once the many small hosts are done the crawl is a
+    network-bound tail on the few large ones, whose RTT from their owner --
+    what placement changes -- decides how long it lasts.  The matrix is
+    symmetrised and rows with an RTT above 1 s to anyone are left out;
+    nodes are spread with ``--nodes kmedoids`` (k-medoids from a k-means++
+    start: one node per region, as an operator would deploy) or
+    ``farthest`` (farthest-point selection: the most remote nodes, far from
+    nearly every site); hosts are random other columns with finite RTTs to
+    every node.  Workers run Twisted's epoll reactor, a 0.5 s engine
+    heartbeat (``_crawler.EngineHeartbeat``; see ``distributed.py`` for
+    why) and ``BANKER_REDIS_HEARTBEAT`` 0.5 s, on which the placement agent
+    publishes measurements and plans; ``_crawler.PlacementTuning`` counts
+    each node's responses per site.
+
+    On 2 cores, six Scrapy processes, redis-server and the farm saturate the
+    CPU while the workers join and during the crawl's first seconds, and a
+    strategy that costs the workers CPU is slowed by it more than on a
+    fleet with a machine per node: ``cpu_busy``, ``workers_cpu_s`` and
+    ``mean_download_latency_ms`` (next to the emulated ``mean_rtt_ms``) say
+    how much.  Fewer ``--pages`` or a larger ``--latency-scale`` make the
+    runs more network-bound.
+
+The JSON (last stdout line), per strategy ``<s>`` (``null`` when not run)
+    * ``pages_per_s_<s>``: pages fetched / wall time from the first
+      worker's start to the last one's exit; ``pages_per_s_busy_<s>``: over
+      the busy span (the farm's request counter sampled every 0.2 s, from
+      the first sample that saw a request to the last that saw it change);
+    * ``mean_rtt_ms_<s>``: mean emulated RTT paid per page (each node's
+      responses per site weighted by that pair's RTT);
+    * ``lost_<s>`` / ``dup_<s>``: expected pages (a BFS of the farm's links)
+      never fetched, fetches beyond the first;
+    * ``partitions_moved_<s>``: ``banker/placement/moves`` summed (0 for
+      ``random``).
+
+    Ratios of the strategies' median wall pages/s: ``top1_vs_random``,
+    ``top3_vs_random``, ``hungarian_vs_random``, ``hungarian_rtt_vs_random``,
+    ``oracle_vs_random``, ``hungarian_vs_oracle``, ``hungarian_rtt_vs_oracle``,
+    ``top3_vs_oracle``, ``oracle_top1_vs_random``, ``top3_vs_oracle_top1``,
+    ``top1_vs_oracle_top1``, ``top3_random_vs_random``, ``top3_vs_top3_random``.
+    Paired: ``paired_vs_random`` (per strategy, one ratio per repetition
+    against that repetition's ``random`` run), ``top3_vs_random_paired`` and
+    ``top3_vs_random_paired_median``; ``join_orders``.  ``targets_met``
+    (reported, never asserted): the paired top3 median >= 1.5 and hungarian
+    >= 0.9 x oracle (``null`` when one was not run).  Also the layout and
+    settings (``workers``, ``hosts``, ``total_pages``, ``expected_pages``,
+    ``zipf_s``, ``latency_scale``, ``seed``, ``repeats``, ``strategies``,
+    ``node_selection``, ``node_rows``, ``host_columns``,
+    ``hosts_nearest_per_node``, ``concurrent_requests``, ``per_host_limit``,
+    ``probe_rate``, ``placement_interval_s``, ``reactor``,
+    ``extra_settings``), ``mean_rtt_ms_all_pairs``, ``mean_rtt_ms_uniform``
+    (what a network-blind placement pays, weighted by the sites' sizes) and
+    ``mean_rtt_ms_nearest`` (every site on its nearest node: the floor), and
+    ``runs``: each strategy's details (busy span, first response, tail,
+    CPU, pages per node, probes, exit codes, join order and times, a
+    per-second timeline of the farm's counter).
 
 Usage::
 
@@ -159,16 +119,12 @@ Usage::
     python benchmarks/placement.py           # every strategy, 3 repetitions (~15 min)
     python benchmarks/placement.py --tiny    # harness smoke test: 3 workers, 8 hosts
 
-Both use 6 workers, 48 hosts and 900 content pages.  ``--strategies a,b``
-(any of random, top1, top3, top3_random, hungarian, hungarian_rtt, oracle,
-oracle_top1; ``--quick --strategies ... --repeats 1`` is the former one-run
-quick mode),
-``--seed``, ``--workers``, ``--repeats``, ``--hosts``, ``--pages``,
-``--zipf``, ``--latency-scale``, ``--nodes`` and ``--set KEY=JSON`` (extra
-worker setting for every strategy) override the mode.  Progress goes to
-stderr, a summary to stdout, and the last stdout line is the JSON object.
-A run that loses pages, times out or has a worker exit non-zero prints the
-worker log tails to stderr; the JSON is printed all the same.
+``--strategies a,b``, ``--seed``, ``--workers``, ``--repeats``,
+``--hosts``, ``--pages``, ``--zipf``, ``--latency-scale``, ``--nodes`` and
+``--set KEY=JSON`` (a worker setting for every strategy) override the mode.
+Progress goes to stderr, a summary to stdout.  A run that loses pages,
+times out or has a worker exit non-zero prints the workers' log tails to
+stderr; the JSON is printed all the same.
 """
 
 from __future__ import annotations

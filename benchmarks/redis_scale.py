@@ -200,6 +200,21 @@ TARGET_BLOOM_BYTES = 2.5
 TARGET_FP = 0.0012
 TARGET_FLATNESS = 1.2
 TARGET_SPEEDUP = 2.0
+#: (target, the key it judges, bound, comparison).
+TARGETS: tuple[tuple[str, str, float, str], ...] = (
+    ("queued_request_bytes_vs_scrapy_redis", "queued_bytes_ratio_vs_scrapy_redis",
+     TARGET_QUEUED_RATIO, "<="),
+    ("bytes_per_seen_url_bloom", "bytes_per_seen_url_bloom", TARGET_BLOOM_BYTES, "<="),
+    ("bloom_measured_fp_rate", "bloom_measured_fp_rate", TARGET_FP, "<="),
+    ("bytes_per_seen_url_bloom_native", "bytes_per_seen_url_bloom_native", TARGET_BLOOM_BYTES,
+     "<="),
+    ("bloom_measured_fp_rate_native", "bloom_measured_fp_rate_native", TARGET_FP, "<="),
+    ("enqueue_rate_flatness_banker", "enqueue_rate_flatness_banker", TARGET_FLATNESS, "<="),
+    ("pop_rate_flatness_banker", "pop_rate_flatness_banker", TARGET_FLATNESS, "<="),
+    ("enqueue_speedup_vs_scrapy_redis_min", "enqueue_speedup_vs_scrapy_redis_min",
+     TARGET_SPEEDUP, ">="),
+    ("pop_speedup_vs_scrapy_redis_min", "pop_speedup_vs_scrapy_redis_min", TARGET_SPEEDUP, ">="),
+)  # fmt: skip
 
 WORDS = (
     "news", "world", "business", "technology", "science", "health", "sport",
@@ -834,31 +849,7 @@ def build_report(
         for n in sizes
     }  # fmt: skip
 
-    out["targets"] = {
-        "queued_request_bytes_vs_scrapy_redis": target(
-            out["queued_bytes_ratio_vs_scrapy_redis"], TARGET_QUEUED_RATIO, "<="
-        ),
-        "bytes_per_seen_url_bloom": target(
-            out["bytes_per_seen_url_bloom"], TARGET_BLOOM_BYTES, "<="
-        ),
-        "bloom_measured_fp_rate": target(out["bloom_measured_fp_rate"], TARGET_FP, "<="),
-        "bytes_per_seen_url_bloom_native": target(
-            out["bytes_per_seen_url_bloom_native"], TARGET_BLOOM_BYTES, "<="
-        ),
-        "bloom_measured_fp_rate_native": target(
-            out["bloom_measured_fp_rate_native"], TARGET_FP, "<="
-        ),
-        "enqueue_rate_flatness_banker": target(
-            out["enqueue_rate_flatness_banker"], TARGET_FLATNESS, "<="
-        ),
-        "pop_rate_flatness_banker": target(out["pop_rate_flatness_banker"], TARGET_FLATNESS, "<="),
-        "enqueue_speedup_vs_scrapy_redis_min": target(
-            out["enqueue_speedup_vs_scrapy_redis_min"], TARGET_SPEEDUP, ">="
-        ),
-        "pop_speedup_vs_scrapy_redis_min": target(
-            out["pop_speedup_vs_scrapy_redis_min"], TARGET_SPEEDUP, ">="
-        ),
-    }
+    out["targets"] = {name: target(out[key], bound, op) for name, key, bound, op in TARGETS}
     if len(sizes) == 1:
         # One size says nothing about flatness.
         for key in ("enqueue_rate_flatness_banker", "pop_rate_flatness_banker"):

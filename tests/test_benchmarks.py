@@ -291,3 +291,156 @@ def test_real_sites_on_written_trees_reports_every_key(tmp_path: Path) -> None:
     for key in ("wall_over_bound_banker", "wall_ratio_banker_vs_dapq_epoll",
                 "wall_ratio_banker_vs_dapq_asyncio", "wall_ratio_banker_vs_scrapy_redis_2w"):
         assert _positive(result[key]), key
+
+
+@pytest.mark.slow
+def test_crawl_matrix_tiny_fetches_exactly_the_expected_urls() -> None:
+    result = _run("crawl_matrix.py", "--tiny", timeout=240)
+    assert result["exact"] is True
+    assert result["hosts"] == [10]
+    for regime in ("none", "wan"):
+        for name in PEERS:
+            tag = f"{name}_{regime}_10"
+            assert _positive(result[f"wall_s_{tag}"]), tag
+            assert _positive(result[f"cpu_s_{tag}"]), tag
+            assert 1 <= result[f"max_inflight_{tag}"] <= 4, tag
+    assert _positive(result["bound_s_wan_10"])
+    for key in (
+        "wall_ratio_banker_vs_dapq_wan_10",
+        "worst_wall_ratio_banker_vs_dapq",
+        "best_wall_ratio_banker_vs_scrapy_pq",
+        "worst_wall_over_bound_banker_wan",
+    ):
+        assert _positive(result[key]), key
+
+
+@pytest.mark.slow
+def test_engine_overhead_tiny_reports_every_scheduler() -> None:
+    result = _run("engine_overhead.py", "--tiny", timeout=240)
+    assert result["hosts"] == [10, 100]
+    assert result["truncated"] == []
+    for name in ("banker", "banker_addon", "banker_topics", "dapq", "scrapy_pq"):
+        for h in (10, 100):
+            assert _positive(result[f"cpu_per_1k_{name}_{h}"]), (name, h)
+    for name in ("banker", "banker_addon", "banker_topics"):
+        assert _positive(result[f"worst_cpu_ratio_{name}_vs_dapq"]), name
+        assert _positive(result[f"cpu_ratio_{name}_vs_dapq_100"]), name
+
+
+@pytest.mark.slow
+def test_jobdir_cost_tiny_reports_cost_and_resume() -> None:
+    result = _run("jobdir_cost.py", "--tiny", timeout=240)
+    assert result["incomplete"] == []
+    for key in (
+        "cpu_per_1k_banker_memory",
+        "cpu_per_1k_banker_jobdir",
+        "cpu_per_1k_scrapy_jobdir",
+        "jobdir_overhead_ratio",
+        "jobdir_vs_scrapy_jobdir_ratio",
+        "journal_cpu_us_per_request",
+        "resume_s_2000",
+        "jobdir_bytes_per_request",
+    ):
+        assert _positive(result[key]), key
+
+
+@pytest.mark.slow
+def test_webfarm_throughput_tiny_serves_pages() -> None:
+    result = _run("webfarm_throughput.py", "--tiny", timeout=120)
+    assert _positive(result["pages_per_s"])
+    assert result["errors"] == 0
+    assert result["hosts"] == 20
+    assert result["server_requests"] > 0
+
+
+# -- the harness -------------------------------------------------------------------------
+
+
+def test_set_options_are_json_and_a_bad_one_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness = _module("_harness", monkeypatch)
+    parser = harness.parser("Doc line.\n\nMore.", quick="q", tiny="")
+    harness.add_settings(parser, "a setting")
+    args = parser.parse_args(["--set", "A=8", "--set", 'B={"x": [1]}', "--set", 'C="s"'])
+    assert harness.settings(args.set) == {"A": 8, "B": {"x": [1]}, "C": "s"}
+    assert parser.description == "Doc line."
+    for bad, message in (("A=eight", "is not JSON"), ("A", "expected KEY=JSON")):
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args(["--set", bad])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--quick", "--tiny"])  # one mode at a time
+
+
+def test_modes_pick_a_workload_and_options_override_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    harness = _module("_harness", monkeypatch)
+    skewed = _module("crawl_skewed", monkeypatch)
+    parser = harness.parser(None, quick="q", tiny="")
+    parser.add_argument("--pages", type=int)
+    harness.add_repeats(parser, "r")
+    args = parser.parse_args(["--tiny", "--pages", "7"])
+    assert harness.mode(args) == "tiny"
+    workload = harness.override(
+        harness.pick(args, full=skewed.FULL, quick=skewed.QUICK, tiny=skewed.TINY),
+        args,
+        total_pages="pages",
+    )
+    assert workload.total_pages == 7 and workload.hosts == skewed.TINY.hosts
+    assert harness.mode(parser.parse_args([])) == "full"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--repeats", "0"])
+
+
+def test_the_json_line_has_null_for_what_was_not_measured(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = _module("_common", monkeypatch)
+    common.emit_json({"b": math.nan, "a": {"x": [1.0, math.inf]}, "c": 3})
+    assert capsys.readouterr().out == '{"a": {"x": [1.0, null]}, "b": null, "c": 3}\n'
+    assert common.rounded(2) == 2
+    assert common.rounded(1.23456, 2) == 1.23
+    assert common.rounded(math.nan) is None and common.rounded(True) is None
+
+
+class _Farm:
+    """What a FarmWatch reads of a web farm: a request counter and per-host maxima."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.inflight: dict[str, int] = {}
+
+    def stats(self) -> dict[str, Any]:
+        return {"requests": self.requests, "max_inflight_per_host": dict(self.inflight)}
+
+
+def test_farm_watch_progress_and_politeness(monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = _module("_fleet", monkeypatch)
+    farm = _Farm()
+    watch = fleet.FarmWatch(farm, t0=100.0, interval=0.5, limit=2)
+    for t, n, inflight in ((100.0, 0, 0), (100.4, 5, 1), (100.6, 5, 1), (101.2, 9, 3),
+                           (102.1, 10, 2), (103.0, 10, 2)):  # fmt: skip
+        farm.requests, farm.inflight = n, {"h1": inflight}
+        watch.sample(t)
+    # 100.4 is skipped (within 0.5 s of the sample at 100.0).
+    assert [n for _, n in watch.samples] == [0, 5, 9, 10, 10]
+    assert (watch.first_t, watch.first_n, watch.last_t, watch.last_n) == (100.6, 5, 102.1, 10)
+    assert watch.busy_s == pytest.approx(1.5)
+    assert watch.first_response_s == pytest.approx(0.6)
+    assert watch.tail_start(0.9) == 101.2
+    assert watch.timeline() == [0, 9, 10, 10]
+    assert watch.max_inflight == 3
+    assert watch.over == {"h1": (101.2, 100.6, 3)}
+
+
+def test_repeats_merge_into_medians_and_worst_cases(monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = _module("_fleet", monkeypatch)
+    runs = [{"rate": 1.0, "lost": 0, "name": "a"}, {"rate": math.nan, "lost": 2, "name": "b"},
+            {"rate": 3.0, "lost": 1, "name": "c"}]  # fmt: skip
+    merged = fleet.merge_repeats(runs, median=("rate",), worst=("lost",),
+                                 samples={"rates": "rate"})  # fmt: skip
+    assert merged["rate"] == 2.0  # NaN left out
+    assert merged["lost"] == 2
+    assert merged["name"] == "a"
+    assert merged["rates"][0] == 1.0 and len(merged["rates"]) == 3

@@ -1,10 +1,12 @@
 """Fleets of crawler processes against one web farm and one redis-server (not a public API).
 
-``distributed.py``, ``placement.py``, ``chaos.py`` (and ``real_sites.py``'s
-fleets) start N real worker processes -- ``scrapy_banker.testing.fleet``, one
-``CrawlerProcess`` each, its log and final stats in a work folder -- against
-one farm and one Redis, watch the farm while they crawl, and collect what
-the farm served and what each worker reported.  The pieces:
+``distributed.py``, ``placement.py`` and ``chaos.py`` start N real worker
+processes -- ``scrapy_banker.testing.fleet``, one ``CrawlerProcess`` each,
+its log and final stats in a work folder, the extensions of ``_crawler.py``
+on its import path -- against one farm and one Redis, watch the farm while
+they crawl, and collect what the farm served and what each worker reported
+(``real_sites.py``'s fleets, of ``_runner.py`` crawlers, share
+:func:`fresh`).  The pieces:
 
 * :func:`fresh` -- a clean start: Redis flushed, the farm's counters reset,
   the seeds pushed to a start-URL list when the spiders read one;
@@ -22,9 +24,6 @@ the farm served and what each worker reported.  The pieces:
 * :func:`served` -- what the farm served: fetches per URL, lost pages,
   duplicates, the per-host maximum;
 * :func:`merge_repeats` -- one run's details from several repetitions.
-
-Heavy modules (redis, the fleet worker) are imported where used: the
-benchmark modules that import this one are imported by worker processes.
 """
 
 from __future__ import annotations
@@ -41,7 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from _common import log
+
+from scrapy_banker.testing.fleet import FleetWorker
 
 
 def fresh(
@@ -57,8 +59,6 @@ def fresh(
     """
     seeds = list(farm.start_urls() if seeds is None else seeds)
     if redis_url is not None:
-        import redis
-
         client = redis.Redis.from_url(redis_url)
         client.flushall()
         if start_urls_key:
@@ -89,8 +89,8 @@ class Fleet:
         self.t0 = clock()
         self.end = self.t0
         self.timed_out = False
-        #: Every worker ever started, in start order (``scrapy_banker.testing.fleet.FleetWorker``).
-        self.workers: dict[str, Any] = {}
+        #: Every worker ever started, in start order.
+        self.workers: dict[str, FleetWorker] = {}
         #: Exit codes of the workers that have exited (``None``: unknown).
         self.codes: dict[str, int | None] = {}
 
@@ -101,10 +101,8 @@ class Fleet:
         *,
         spider: str = "farm",
         seeds: Sequence[str] = (),
-    ) -> Any:
+    ) -> FleetWorker:
         """Start worker ``name`` (spider ``"farm"`` or ``"redis"``) with these settings."""
-        from scrapy_banker.testing.fleet import FleetWorker
-
         spec = {"spider": spider, "seeds": list(seeds), "settings": dict(settings)}
         worker = FleetWorker(name, self.workdir, spec)
         self.workers[name] = worker
@@ -204,7 +202,6 @@ class FarmWatch:
     sample that first saw it, the sample before, the most in flight then)).
     Farm errors are counted, not raised.
     """
-
     farm: Any
     t0: float
     interval: float = 0.0
@@ -301,7 +298,6 @@ def watch(polls: Sequence[Callable[[float], bool]], interval: float | Callable[[
 @dataclass
 class Served:
     """What the farm served over a run, as its own bookkeeping says."""
-
     #: Fetches per URL, left-out URLs (probes) excluded.
     fetches: dict[str, int]
     #: Fetches of the left-out URLs.

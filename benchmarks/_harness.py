@@ -24,8 +24,8 @@ the rest, the same for all of them:
   ``_crawler.py``; fleets of worker processes are ``_fleet.py``.
 
 Imported as a sibling (``import _harness``), like ``_common``.  Only the
-standard library is imported at the top: worker processes import the
-benchmark modules that import this one.
+standard library is imported at the top: the crawler processes import it
+too (``_runner.py``, ``_crawler.py``), and their CPU is measured.
 """
 
 from __future__ import annotations

@@ -158,7 +158,14 @@ from typing import Any
 import _common
 import _fleet
 import _harness
+import redis
 from _common import log
+
+from scrapy_banker.ops.fleet_deadletters import list_dead_letters
+from scrapy_banker.ops.fleet_view import read_fleet
+from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
+from scrapy_banker.testing.redis_server import RedisServer
 
 #: The workers' BANKER_REDIS_PREFIX (the plain farm spider is called "fleet").
 PREFIX = "chaos:fleet"
@@ -187,7 +194,6 @@ HELD_WINDOW_S = 10.0
 @dataclass(frozen=True)
 class Mode:
     """Size of one benchmark mode."""
-
     workers: int
     hosts: int
     total_pages: int
@@ -238,7 +244,6 @@ def worker_settings(
 @dataclass
 class Incarnation:
     """One worker process: slot ``slot``'s ``gen``-th start."""
-
     slot: int
     gen: int
     worker: Any  # scrapy_banker.testing.fleet.FleetWorker
@@ -261,7 +266,6 @@ class Incarnation:
 @dataclass
 class Event:
     """One injected fault."""
-
     kind: str
     t: float
     target: str | None = None
@@ -286,10 +290,6 @@ class Chaos:
         workdir: Path,
         partitions: int = 1024,
     ) -> None:
-        import redis
-
-        from scrapy_banker.redis.frontier import RedisFrontier
-
         self.mode = mode
         self.rng = rng
         self.farm = farm
@@ -350,15 +350,13 @@ class Chaos:
         self.slots = [self.spawn(i, 0) for i in range(self.mode.workers)]
 
     def all_exited(self) -> bool:
-        return all(inc.worker.proc.poll() is not None for inc in self.slots)
+        return bool(self.fleet.all_exited())
 
     def _running(self) -> list[Incarnation]:
         return [inc for inc in self.slots if inc.running]
 
     def _held(self, node: str) -> tuple[int, bool]:
         """Leases in the partitions ``node`` owns (the read model), or the worst case."""
-        from scrapy_banker.ops.fleet_view import read_fleet
-
         try:
             view = read_fleet(self.client, self.frontier.keyspace, node_timeout_s=NODE_TIMEOUT_S)
         except Exception as exc:
@@ -457,8 +455,6 @@ class Chaos:
                            wall=time.time(), outage_s=ms / 1000))  # fmt: skip
 
     def _fault_debug_sleep(self) -> None:
-        import redis
-
         seconds = round(self.rng.uniform(1.5, 3.0), 2)
         url = self.server.url
 
@@ -530,7 +526,6 @@ def _read_fetch_logs(incarnations: Sequence[Incarnation]) -> dict[str, list[tupl
 @dataclass
 class Blame:
     """What :func:`attribute_duplicates` found."""
-
     #: Duplicate fetches per cause (module docstring).
     causes: Counter[str] = field(default_factory=Counter)
     #: Duplicates per event: (victim, wall time of its SIGKILL / SIGSTOP).
@@ -662,10 +657,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One soak; returns the JSON object."""
-    from scrapy_banker.ops.fleet_deadletters import list_dead_letters
-    from scrapy_banker.testing.farm import FarmConfig, WebFarm
-    from scrapy_banker.testing.redis_server import RedisServer
-
     mode = _harness.override(
         _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,
         workers="workers", duration_s="duration", hosts="hosts", total_pages="pages",

@@ -186,7 +186,11 @@ from typing import Any
 import _common
 import _fleet
 import _harness
+import redis
 from _common import log
+
+from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
+from scrapy_banker.testing.redis_server import RedisServer
 
 #: Name of the start-URL list both systems' RedisSpider reads (spider "fleet").
 START_URLS_KEY = "fleet:start_urls"
@@ -206,7 +210,6 @@ BANKER_COUNTERS = (
 @dataclass(frozen=True)
 class Workload:
     """Size of one benchmark mode."""
-
     hosts: int
     total_pages: int
     latency_ms: float
@@ -220,9 +223,7 @@ class Workload:
     #: MAX_IDLE_TIME_BEFORE_CLOSE (whole seconds: scrapy-redis truncates it).
     max_idle_s: int = 3
 
-    def farm_config(self, seed: int) -> Any:
-        from scrapy_banker.testing.farm import FarmConfig
-
+    def farm_config(self, seed: int) -> FarmConfig:
         return FarmConfig(
             seed=seed,
             hosts=self.hosts,
@@ -247,7 +248,6 @@ TINY = Workload(hosts=10, total_pages=150, latency_ms=50.0, zipf_s=0.0, fleets=(
 @dataclass(frozen=True)
 class Options:
     """What every run of one benchmark invocation shares, besides the farm."""
-
     heartbeat: float
     reactor: str
     timeout_s: float
@@ -284,7 +284,6 @@ def settings_for(
 @dataclass
 class FleetRun:
     """One crawl of one farm by ``n_workers`` processes, polled by :func:`run_fleets`."""
-
     system: str
     n_workers: int
     farm: Any
@@ -296,8 +295,6 @@ class FleetRun:
     redis_cpu0: float = 0.0
 
     def _redis_cpu_s(self) -> float:
-        import redis
-
         client = redis.Redis.from_url(self.redis_url)
         try:
             return _harness.redis_cpu_s(client)
@@ -446,9 +443,6 @@ def _describe(run: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from scrapy_banker.testing.farm import FarmModel, WebFarm
-    from scrapy_banker.testing.redis_server import RedisServer
-
     args = _parse(argv)
     workload = _harness.override(
         _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,

@@ -146,8 +146,21 @@ from urllib.parse import urlsplit
 import _common
 import _fleet
 import _harness
+import numpy as np
+import redis
 from _common import log
 from _crawler import LATENCY_STAT, SITE_STAT
+from scrapy import Request
+from scrapy.utils.test import get_crawler
+
+from scrapy_banker.net.gnp import read_rtt_matrix
+from scrapy_banker.redis.keys import Keyspace
+from scrapy_banker.scheduler import BankerScheduler
+from scrapy_banker.scheduler.netaware import site_of
+from scrapy_banker.settings import redis_config
+from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
+from scrapy_banker.testing.fleet import FleetSpider
+from scrapy_banker.testing.redis_server import RedisServer
 
 STRATEGIES: tuple[str, ...] = (
     "random", "top1", "top3", "top3_random", "hungarian", "hungarian_rtt", "oracle",
@@ -172,7 +185,6 @@ PROBE_SUFFIX = "/robots.txt"
 @dataclass(frozen=True)
 class Workload:
     """Size of one benchmark mode."""
-
     workers: int
     hosts: int
     total_pages: int
@@ -200,23 +212,18 @@ TINY = Workload(workers=3, hosts=8, total_pages=60, zipf_s=0.5, latency_scale=0.
 @dataclass(frozen=True)
 class Layout:
     """Which matrix row stands for each node and which column for each farm host."""
-
     node_rows: dict[str, int]
     host_columns: dict[int, int]
     method: str
 
 
 def _symmetric(m: Any) -> Any:
-    import numpy as np
-
     both = np.isfinite(m) & np.isfinite(m.T)
     return np.where(both, (m + m.T) / 2.0, np.where(np.isfinite(m), m, m.T))
 
 
 def _eligible_rows(d: Any) -> Any:
     """Rows measured to every other row, with no RTT above :data:`MAX_RTT_MS`."""
-    import numpy as np
-
     n = d.shape[0]
     off = np.where(np.eye(n, dtype=bool), 0.0, d)
     ok = np.isfinite(off).all(axis=1) & (np.nan_to_num(off, nan=np.inf) <= MAX_RTT_MS).all(axis=1)
@@ -225,8 +232,6 @@ def _eligible_rows(d: Any) -> Any:
 
 def _farthest(d: Any, rows: Any, k: int, rng: Any) -> list[int]:
     """Farthest-point selection: a random start, then the row farthest from the chosen."""
-    import numpy as np
-
     chosen = [int(rng.choice(rows))]
     while len(chosen) < k:
         gap = d[np.ix_(rows, chosen)].min(axis=1)
@@ -237,8 +242,6 @@ def _farthest(d: Any, rows: Any, k: int, rng: Any) -> list[int]:
 
 def _kmedoids(d: Any, rows: Any, k: int, rng: Any, iters: int = 100) -> list[int]:
     """k-medoids (Voronoi iteration) from a k-means++ start over the eligible rows."""
-    import numpy as np
-
     sub = d[np.ix_(rows, rows)]
     centres = [int(rng.integers(len(rows)))]
     while len(centres) < k:
@@ -262,8 +265,6 @@ def _kmedoids(d: Any, rows: Any, k: int, rng: Any, iters: int = 100) -> list[int
 
 def choose_layout(m: Any, workers: int, hosts: int, seed: int, method: str) -> Layout:
     """Seeded node rows (spread out) and host columns (finite RTT to every node)."""
-    import numpy as np
-
     d = _symmetric(m)
     rows = _eligible_rows(d)
     if len(rows) < workers + hosts:
@@ -289,7 +290,6 @@ def choose_layout(m: Any, workers: int, hosts: int, seed: int, method: str) -> L
 @dataclass(frozen=True)
 class Options:
     """What every run of one invocation shares, besides the farm."""
-
     workload: Workload
     heartbeat: float
     reactor: str
@@ -366,14 +366,6 @@ def site_partitions(
     queue key hash, the distributed scheduler puts it in partition
     ``hash % BANKER_REDIS_PARTITIONS``, and ``site_of`` names its site.
     """
-    from scrapy import Request
-    from scrapy.utils.test import get_crawler
-
-    from scrapy_banker.scheduler import BankerScheduler
-    from scrapy_banker.scheduler.netaware import site_of
-    from scrapy_banker.settings import redis_config
-    from scrapy_banker.testing.fleet import FleetSpider
-
     banker = {k: v for k, v in settings.items() if k.startswith("BANKER_")}
     crawler = get_crawler(FleetSpider, settings_dict=banker)
     rconfig = redis_config(crawler)
@@ -394,8 +386,6 @@ def seed_oracle(
     true_ms: Mapping[str, Mapping[str, float]],
 ) -> None:
     """Write the true RTTs and site partitions into Redis as if the fleet had measured them."""
-    from scrapy_banker.redis.keys import Keyspace
-
     keys = Keyspace(prefix)
     pipe = client.pipeline(transaction=False)
     for site, partition in partitions.items():
@@ -408,12 +398,6 @@ def seed_oracle(
 
 def redis_keys(settings: Mapping[str, Any]) -> Any:
     """The :class:`~scrapy_banker.redis.keys.Keyspace` the workers with ``settings`` use."""
-    from scrapy.utils.test import get_crawler
-
-    from scrapy_banker.redis.keys import Keyspace
-    from scrapy_banker.settings import redis_config
-    from scrapy_banker.testing.fleet import FleetSpider
-
     banker = {k: v for k, v in settings.items() if k.startswith("BANKER_")}
     rconfig = redis_config(get_crawler(FleetSpider, settings_dict=banker))
     return Keyspace(rconfig.prefix, rconfig.partitions)
@@ -428,8 +412,6 @@ def join_order(seed: int, rep: int, workers: int) -> list[int]:
     strategies in one repetition join in the same order and can be compared
     pairwise, and the repetitions sample different orders.
     """
-    import numpy as np
-
     rng = np.random.default_rng([seed, 0x701, rep])
     return [int(i) for i in rng.permutation(workers)]
 
@@ -464,8 +446,6 @@ def run_fleet(
     the hash placement -- depends on ``order`` instead of on which process
     happened to start first.
     """
-    import redis
-
     n_workers = opts.workload.workers
     order = list(range(n_workers)) if order is None else list(order)
     if sorted(order) != list(range(n_workers)):
@@ -625,12 +605,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import numpy as np
-
-    from scrapy_banker.net.gnp import read_rtt_matrix
-    from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
-    from scrapy_banker.testing.redis_server import RedisServer
-
     args = _parse(argv)
     workload = _harness.override(
         _harness.pick(args, full=FULL, quick=QUICK, tiny=TINY), args,

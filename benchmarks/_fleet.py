@@ -202,6 +202,7 @@ class FarmWatch:
     sample that first saw it, the sample before, the most in flight then)).
     Farm errors are counted, not raised.
     """
+
     farm: Any
     t0: float
     interval: float = 0.0
@@ -298,6 +299,7 @@ def watch(polls: Sequence[Callable[[float], bool]], interval: float | Callable[[
 @dataclass
 class Served:
     """What the farm served over a run, as its own bookkeeping says."""
+
     #: Fetches per URL, left-out URLs (probes) excluded.
     fetches: dict[str, int]
     #: Fetches of the left-out URLs.

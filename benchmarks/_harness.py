@@ -19,9 +19,9 @@ the rest, the same for all of them:
   :func:`crawl` writes a JSON spec, runs ``_runner.py`` on it and returns
   the crawl's final stats with its wall and CPU time (:func:`crawls`:
   several at once); :func:`run_json` runs any Python child whose last
-  stdout line is JSON.  What runs inside the
-  crawler (spiders, extensions, the engine-heartbeat tweak) is
-  ``_crawler.py``; fleets of worker processes are ``_fleet.py``.
+  stdout line is JSON.  What runs inside the crawler (spiders, extensions,
+  the engine-heartbeat tweak) is ``_crawler.py``; fleets of worker
+  processes are ``_fleet.py``.
 
 Imported as a sibling (``import _harness``), like ``_common``.  Only the
 standard library is imported at the top: the crawler processes import it
@@ -51,7 +51,6 @@ RUNNER = HERE / "_runner.py"
 #: The spider of the farm crawls: every host root as a seed, every farm link followed.
 FARM_SPIDER = "scrapy_banker.testing.fleet:FleetSpider"
 
-W = TypeVar("W")
 T = TypeVar("T")
 
 # This checkout's scrapy_banker, whether the package is installed or not.
@@ -62,21 +61,13 @@ if str(ROOT) not in sys.path:
 
 
 def parser(
-    doc: str | None,
-    *,
-    quick: str | None = None,
-    tiny: str | None = None,
-    raw: bool = False,
+    doc: str | None, *, quick: str | None = None, tiny: str | None = None
 ) -> argparse.ArgumentParser:
-    """A benchmark's command line: ``--quick`` (help ``quick``) and ``--tiny``, exclusive.
-
-    ``tiny=""`` adds a hidden ``--tiny`` (a smoke-test size the tests use);
-    ``None`` leaves an option out.  ``raw`` keeps the docstring's layout in
-    ``--help``.
-    """
+    """A benchmark's command line, described by ``doc``'s first line: ``--quick`` and
+    ``--tiny`` (their help texts; ``tiny=""``: hidden, a smoke-test size the tests use;
+    ``None``: no such mode), one at a time."""
     description = (doc or "").strip().split("\n", 1)[0] or None
-    formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
-    out = argparse.ArgumentParser(description=description, formatter_class=formatter)
+    out = argparse.ArgumentParser(description=description)
     modes = out.add_mutually_exclusive_group()
     if quick is not None:
         modes.add_argument("--quick", action="store_true", help=quick)
@@ -99,7 +90,7 @@ def pick(args: argparse.Namespace, *, full: T, quick: T, tiny: T | None = None) 
     return chosen
 
 
-def override(base: W, args: argparse.Namespace, **fields: str) -> W:
+def override(base: T, args: argparse.Namespace, **fields: str) -> T:
     """``base`` (a dataclass) with ``field=option``'s value wherever that option was given.
 
     ``override(QUICK, args, total_pages="pages")`` replaces
@@ -378,6 +369,4 @@ def crawl(
     env: Mapping[str, str] | None = None,
 ) -> Crawl:
     """One crawl in its own process: :func:`crawls` of one."""
-    return crawls(
-        {name: spec}, workdir, timeout=timeout, outputs=outputs, cwd=cwd, env=env
-    )[name]
+    return crawls({name: spec}, workdir, timeout=timeout, outputs=outputs, cwd=cwd, env=env)[name]

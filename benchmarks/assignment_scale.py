@@ -137,7 +137,7 @@ def reference_mismatches(count: int, max_size: int, seed: int) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _harness.parser(__doc__, quick="2,000 reference matrices", tiny="", raw=True)
+    parser = _harness.parser(__doc__, quick="2,000 reference matrices", tiny="")
     parser.add_argument("--tasks", type=int, default=None, help="partitions to place")
     parser.add_argument("--nodes", type=int, default=None, help="nodes to place them on")
     parser.add_argument("--matrices", type=int, default=None, help="reference check matrices")

@@ -194,6 +194,7 @@ HELD_WINDOW_S = 10.0
 @dataclass(frozen=True)
 class Mode:
     """Size of one benchmark mode."""
+
     workers: int
     hosts: int
     total_pages: int
@@ -244,6 +245,7 @@ def worker_settings(
 @dataclass
 class Incarnation:
     """One worker process: slot ``slot``'s ``gen``-th start."""
+
     slot: int
     gen: int
     worker: Any  # scrapy_banker.testing.fleet.FleetWorker
@@ -266,6 +268,7 @@ class Incarnation:
 @dataclass
 class Event:
     """One injected fault."""
+
     kind: str
     t: float
     target: str | None = None
@@ -526,6 +529,7 @@ def _read_fetch_logs(incarnations: Sequence[Incarnation]) -> dict[str, list[tupl
 @dataclass
 class Blame:
     """What :func:`attribute_duplicates` found."""
+
     #: Duplicate fetches per cause (module docstring).
     causes: Counter[str] = field(default_factory=Counter)
     #: Duplicates per event: (victim, wall time of its SIGKILL / SIGSTOP).

@@ -287,7 +287,7 @@ def run_crawl(
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _harness.parser(__doc__, quick="5,000 hosts, 20 s per crawl", tiny="", raw=True)
+    parser = _harness.parser(__doc__, quick="5,000 hosts, 20 s per crawl", tiny="")
     parser.add_argument("--hosts", type=int, default=None, help="number of farm hosts")
     parser.add_argument("--pages", type=int, default=None, help="FarmConfig.total_pages")
     parser.add_argument("--seconds", type=float, default=None, help="crawl budget per scheduler")

@@ -459,7 +459,7 @@ def print_table3(runs: dict[str, dict[str, Any]]) -> None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _harness.parser(__doc__, quick="1.5 s watchdog (~1.5-2 min)", tiny="", raw=True)
+    parser = _harness.parser(__doc__, quick="1.5 s watchdog (~1.5-2 min)", tiny="")
     parser.add_argument("--tasks", type=int, default=None, help="task chains per crawl")
     parser.add_argument("--pages", type=int, default=None, help="BANKER_RESOURCES pages")
     parser.add_argument("--hosts", type=int, default=None, help="farm hosts the tasks use")
@@ -558,9 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "budget_s": workload.budget_s(),
         "safety_check_us_1000x4": _common.rounded(check["fast_us"], 1),
         "naive_safety_check_us_1000x4": _common.rounded(check["naive_us"], 1),
-        "runs": {
-            name: {k: v for k, v in run.items() if k != "rows"} for name, run in runs.items()
-        },
+        "runs": {name: {k: v for k, v in run.items() if k != "rows"} for name, run in runs.items()},
     }
     for name, run in runs.items():
         policy, _, suffix = name.partition("_")

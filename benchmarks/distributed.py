@@ -210,6 +210,7 @@ BANKER_COUNTERS = (
 @dataclass(frozen=True)
 class Workload:
     """Size of one benchmark mode."""
+
     hosts: int
     total_pages: int
     latency_ms: float
@@ -248,6 +249,7 @@ TINY = Workload(hosts=10, total_pages=150, latency_ms=50.0, zipf_s=0.0, fleets=(
 @dataclass(frozen=True)
 class Options:
     """What every run of one benchmark invocation shares, besides the farm."""
+
     heartbeat: float
     reactor: str
     timeout_s: float
@@ -284,6 +286,7 @@ def settings_for(
 @dataclass
 class FleetRun:
     """One crawl of one farm by ``n_workers`` processes, polled by :func:`run_fleets`."""
+
     system: str
     n_workers: int
     farm: Any

@@ -166,7 +166,7 @@ def run_once(
 
 def main(argv: list[str] | None = None) -> int:
     parser = _harness.parser(
-        __doc__, quick="H = 10, 1,000, 10,000; N = 4,000; 1 repeat", tiny="", raw=True
+        __doc__, quick="H = 10, 1,000, 10,000; N = 4,000; 1 repeat", tiny=""
     )
     parser.add_argument("--hosts", type=int, nargs="*")
     parser.add_argument("--requests", type=int,

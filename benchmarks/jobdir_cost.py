@@ -197,9 +197,7 @@ def measure_resume(pending: int, as_journal: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(
-        __doc__, quick="N = 3,000; the resume after a kill only", tiny="", raw=True
-    )
+    parser = _harness.parser(__doc__, quick="N = 3,000; the resume after a kill only", tiny="")
     parser.add_argument("--requests", type=int)
     parser.add_argument("--hosts", type=int, default=100)
     _harness.add_repeats(parser, "crawls per variant (median; default 3)")

@@ -185,6 +185,7 @@ PROBE_SUFFIX = "/robots.txt"
 @dataclass(frozen=True)
 class Workload:
     """Size of one benchmark mode."""
+
     workers: int
     hosts: int
     total_pages: int
@@ -212,6 +213,7 @@ TINY = Workload(workers=3, hosts=8, total_pages=60, zipf_s=0.5, latency_scale=0.
 @dataclass(frozen=True)
 class Layout:
     """Which matrix row stands for each node and which column for each farm host."""
+
     node_rows: dict[str, int]
     host_columns: dict[int, int]
     method: str
@@ -290,6 +292,7 @@ def choose_layout(m: Any, workers: int, hosts: int, seed: int, method: str) -> L
 @dataclass(frozen=True)
 class Options:
     """What every run of one invocation shares, besides the farm."""
+
     workload: Workload
     heartbeat: float
     reactor: str

@@ -886,7 +886,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         __doc__,
         quick="10^5 and 10^6 (~17 minutes)",
         tiny="a few thousand requests (smoke test)",
-        raw=True,
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="frontier sizes")
     parser.add_argument("--rate-ops", type=int, default=None, help="requests per timed phase")

@@ -277,7 +277,7 @@ def summary(domains: int, requests: int, best: dict[str, Measurement]) -> dict[s
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _harness.parser(__doc__, quick="10,000 domains only (~1 minute)", raw=True)
+    parser = _harness.parser(__doc__, quick="10,000 domains only (~1 minute)")
     parser.add_argument(
         "--domains", type=int, nargs="+", default=None, help="domain counts to measure"
     )

@@ -68,7 +68,8 @@ def parser(
     ``None``: no such mode), one at a time."""
     description = (doc or "").strip().split("\n", 1)[0] or None
     out = argparse.ArgumentParser(description=description)
-    modes = out.add_mutually_exclusive_group()
+    has_modes = quick is not None or tiny is not None
+    modes = out.add_mutually_exclusive_group() if has_modes else out
     if quick is not None:
         modes.add_argument("--quick", action="store_true", help=quick)
     if tiny is not None:

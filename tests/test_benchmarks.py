@@ -444,3 +444,12 @@ def test_repeats_merge_into_medians_and_worst_cases(monkeypatch: pytest.MonkeyPa
     assert merged["lost"] == 2
     assert merged["name"] == "a"
     assert merged["rates"][0] == 1.0 and len(merged["rates"]) == 3
+
+
+@pytest.mark.slow
+def test_every_benchmark_explains_its_options() -> None:
+    scripts = sorted(p.name for p in BENCH.glob("[a-z]*.py"))
+    assert "placement.py" in scripts
+    for script in scripts:
+        proc = run_python(BENCH / script, "--help", timeout=60)
+        assert proc.stdout.startswith("usage: "), script

@@ -39,7 +39,8 @@ def load(path: str) -> Any:
     return getattr(import_module(module), name)
 
 
-def jsonable(value: Any) -> Any:
+def _plain(value: Any) -> Any:
+    """A stat as JSON: numbers, strings, booleans and None as they are, the rest as text."""
     return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
     else:
         process.start()
     assert crawler.stats is not None
-    stats = {k: jsonable(v) for k, v in crawler.stats.get_stats().items()}
+    stats = {k: _plain(v) for k, v in crawler.stats.get_stats().items()}
     print(json.dumps({"stats": {**stats, **closed}}, sort_keys=True), flush=True)
     return 0
 

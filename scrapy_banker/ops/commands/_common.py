@@ -45,6 +45,7 @@ __all__ = [
     "emit_json",
     "fleet_configured",
     "jobdir_of",
+    "jobdir_or_fleet",
     "redis_errors",
     "redis_settings",
     "safe_url",
@@ -166,6 +167,23 @@ def fleet_configured(settings: BaseSettings, opts: argparse.Namespace) -> bool:
 def jobdir_of(settings: BaseSettings, opts: argparse.Namespace) -> str | None:
     """``--jobdir``, else the ``JOBDIR`` setting."""
     return getattr(opts, "jobdir", None) or settings.get("JOBDIR") or None
+
+
+def jobdir_or_fleet(settings: BaseSettings, opts: argparse.Namespace, nothing: str) -> str | None:
+    """The JOBDIR a command looks at, or None for the fleet; ``CommandError`` when neither.
+
+    ``--jobdir`` wins; without it a configured fleet (``REDIS_URL``) is read,
+    else the ``JOBDIR`` setting.  ``nothing`` opens the error's sentence.
+    """
+    jobdir = getattr(opts, "jobdir", None)
+    if jobdir is None and not fleet_configured(settings, opts):
+        jobdir = jobdir_of(settings, opts)
+        if jobdir is None:
+            raise CommandError(
+                f"{nothing}: give --jobdir DIR for a single node, or REDIS_URL "
+                "(-s REDIS_URL=redis://...) for a fleet"
+            )
+    return None if jobdir is None else str(jobdir)
 
 
 def connect(

@@ -29,8 +29,7 @@ from scrapy_banker.ops.commands._common import (
     connect,
     console,
     emit_json,
-    fleet_configured,
-    jobdir_of,
+    jobdir_or_fleet,
     redis_errors,
     redis_settings,
     safe_url,
@@ -86,14 +85,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     if opts.limit is not None and opts.limit < 1:
         raise CommandError(f"--limit takes a number >= 1, got {opts.limit}")
     spider_name(settings, opts, required=False)  # an unknown spider is bad input anyway
-    jobdir = getattr(opts, "jobdir", None)
-    if jobdir is None and not fleet_configured(settings, opts):
-        jobdir = jobdir_of(settings, opts)
-        if jobdir is None:
-            raise CommandError(
-                "no dead letters to look at: give --jobdir DIR for a single node, or REDIS_URL "
-                "(-s REDIS_URL=redis://...) for a fleet"
-            )
+    jobdir = jobdir_or_fleet(settings, opts, "no dead letters to look at")
     if jobdir is not None:
         return _run_jobdir(opts, settings, str(jobdir), requeue)
     config = redis_settings(settings, opts)

@@ -20,8 +20,7 @@ from scrapy_banker.ops.commands._common import (
     connect,
     console,
     emit_json,
-    fleet_configured,
-    jobdir_of,
+    jobdir_or_fleet,
     redis_errors,
     redis_settings,
     spider_name,
@@ -90,14 +89,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
         return str(fingerprinter.fingerprint(r).hex())
 
     spider_name(settings, opts, required=False)  # an unknown spider is bad input anyway
-    jobdir = getattr(opts, "jobdir", None)
-    if jobdir is None and not fleet_configured(settings, opts):
-        jobdir = jobdir_of(settings, opts)
-        if jobdir is None:
-            raise CommandError(
-                "nothing to look in: give --jobdir DIR for a single node, or REDIS_URL "
-                "(-s REDIS_URL=redis://...) for a fleet"
-            )
+    jobdir = jobdir_or_fleet(settings, opts, "nothing to look in")
     if jobdir is not None:
         data = _explain_jobdir(jobdir, request, config, fingerprint)
     else:

@@ -19,8 +19,7 @@ from scrapy_banker.ops.commands._common import (
     connect,
     console,
     emit_json,
-    fleet_configured,
-    jobdir_of,
+    jobdir_or_fleet,
     redis_errors,
     redis_settings,
     safe_url,
@@ -48,14 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     spider_name(settings, opts, required=False)  # an unknown spider is bad input anyway
-    jobdir = getattr(opts, "jobdir", None)
-    if jobdir is None and not fleet_configured(settings, opts):
-        jobdir = jobdir_of(settings, opts)
-        if jobdir is None:
-            raise CommandError(
-                "nothing to inspect: give --jobdir DIR for a single node, or REDIS_URL "
-                "(-s REDIS_URL=redis://...) for a fleet"
-            )
+    jobdir = jobdir_or_fleet(settings, opts, "nothing to inspect")
     if jobdir is not None:
         from scrapy_banker.ops.jobdir_view import read_jobdir
 

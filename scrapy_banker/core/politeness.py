@@ -1,0 +1,239 @@
+"""Per-host politeness a server asks for: Retry-After, backoff on refusals, Crawl-delay.
+
+A server that answers ``429 Too Many Requests`` or ``503 Service
+Unavailable`` is asking the crawler to slow down; ``Retry-After`` says until
+when, and robots.txt's ``Crawl-delay`` says how far apart requests must be.
+Scrapy's ``RetryMiddleware`` retries such a request at once, from whichever
+process holds it; this module is what scrapy-banker keeps instead, per host:
+
+* ``blocked_until`` -- no request to the host before then.  Set from
+  ``Retry-After`` (seconds or an HTTP date), or, for a refusal without it,
+  from an adaptive backoff: ``base x 2**(refusals-1)``, capped, with
+  +/- ``jitter`` so that hosts blocked together do not all wake together.
+  Each success after a refusal halves the refusal count (the backoff decays
+  instead of dropping at once: a server that refused under load is likely
+  to refuse again if it is hit at full rate straight away).
+* ``interval`` -- the least time between two requests to the host: the
+  larger of its Crawl-delay (capped) and of the adaptive delay a throttle
+  (AutoThrottle) settled on.  ``last_sent`` + ``interval`` is the next time
+  a request may leave.
+* ``refusals`` -- consecutive refusals; past ``max_refusals`` the host is
+  reported as refusing and its requests go to the dead letters (requeueable)
+  instead of waiting forever.
+
+State is a small value type that serialises to JSON, so it travels: in a
+JOBDIR snapshot on one node, and with the host's partition in Redis on a
+fleet, where a new owner continues where the old one stopped.  Times are
+wall-clock seconds (``time.time()``): they must mean the same thing in
+another process on another machine.
+
+Pure: no Scrapy, Twisted, Redis or clock reads; callers pass ``now``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = [
+    "HostState",
+    "Politeness",
+    "PolitenessConfig",
+    "parse_retry_after",
+]
+
+
+@dataclass(frozen=True)
+class PolitenessConfig:
+    """The constants (each is a ``BANKER_*`` setting; see ``docs/settings.rst``)."""
+
+    #: HTTP statuses that mean "slow down" (``BANKER_PUSHBACK_CODES``).
+    codes: frozenset[int] = frozenset({429, 503})
+    #: First backoff after a refusal without ``Retry-After``, seconds.
+    backoff_base_s: float = 2.0
+    #: Longest backoff, and the longest ``Retry-After`` honoured as such.
+    backoff_max_s: float = 600.0
+    #: Relative spread of a backoff (0.25: +/- 25 %).
+    jitter: float = 0.25
+    #: Consecutive refusals after which the host's requests are dead-lettered.
+    max_refusals: int = 20
+    #: Longest robots.txt Crawl-delay applied.
+    crawl_delay_max_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.codes or any(not 100 <= c <= 599 for c in self.codes):
+            raise ValueError(f"codes must be HTTP statuses, got {sorted(self.codes)!r}")
+        if not 0 < self.backoff_base_s <= self.backoff_max_s:
+            raise ValueError("need 0 < backoff_base_s <= backoff_max_s")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}")
+        if self.max_refusals < 1:
+            raise ValueError(f"max_refusals must be >= 1, got {self.max_refusals!r}")
+        if self.crawl_delay_max_s < 0:
+            raise ValueError("crawl_delay_max_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class HostState:
+    """What the crawl keeps about one host's requests to slow down (all times wall clock)."""
+
+    blocked_until: float = 0.0
+    refusals: int = 0
+    #: robots.txt Crawl-delay (already capped), seconds; 0 when none.
+    crawl_delay: float = 0.0
+    #: Delay a throttle settled on for the host (AutoThrottle's slot delay), seconds.
+    throttle_delay: float = 0.0
+    last_sent: float = 0.0
+
+    @property
+    def interval(self) -> float:
+        """Least time between two requests to the host."""
+        return max(self.crawl_delay, self.throttle_delay)
+
+    def ready_at(self) -> float:
+        """When the next request to the host may leave."""
+        interval = self.interval
+        return max(self.blocked_until, self.last_sent + interval if interval else 0.0)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing worth keeping: the default state."""
+        return self == _DEFAULT
+
+    def to_json(self) -> dict[str, float | int]:
+        return {k: v for k, v in vars(self).items() if v != getattr(_DEFAULT, k)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HostState:
+        """Inverse of :meth:`to_json`; ``ValueError`` names what is wrong."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"host state must be an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(vars(_DEFAULT)))
+        if unknown:
+            raise ValueError(f"unknown host state fields {unknown}")
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"host state {key}={value!r} is not a number")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"host state {key}={value!r} is not a finite number >= 0")
+            out[key] = int(value) if key == "refusals" else float(value)
+        return cls(**out)
+
+
+_DEFAULT = HostState()
+
+
+def parse_retry_after(value: str | bytes | None, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date), or None.
+
+    None for a missing or unreadable header; a date in the past gives 0.
+    """
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text.strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT; a bare one is read as such
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+class Politeness:
+    """The per-host states of one crawl (or of the hosts one worker owns)."""
+
+    def __init__(
+        self, config: PolitenessConfig | None = None, rng: random.Random | None = None
+    ) -> None:
+        self.config = config or PolitenessConfig()
+        self.hosts: dict[str, HostState] = {}
+        self._rng = rng or random.Random()
+        #: Hosts whose state changed since :meth:`take_changed` (to persist or publish).
+        self._changed: set[str] = set()
+
+    def get(self, host: str) -> HostState:
+        return self.hosts.get(host, _DEFAULT)
+
+    def put(self, host: str, state: HostState) -> None:
+        """Adopt a state (restored from a JOBDIR, or from Redis by a new owner)."""
+        if state.idle:
+            self.hosts.pop(host, None)
+        else:
+            self.hosts[host] = state
+
+    def _set(self, host: str, state: HostState) -> HostState:
+        self.put(host, state)
+        self._changed.add(host)
+        return state
+
+    def ready_at(self, host: str) -> float:
+        state = self.hosts.get(host)
+        return 0.0 if state is None else state.ready_at()
+
+    def refused(self, host: str, now: float, retry_after_s: float | None) -> HostState:
+        """The host answered with a pushback status; ``retry_after_s`` from its header."""
+        cfg = self.config
+        state = self.get(host)
+        refusals = state.refusals + 1
+        if retry_after_s is not None:
+            wait = min(max(0.0, retry_after_s), cfg.backoff_max_s)
+        else:
+            wait = min(cfg.backoff_base_s * 2 ** (refusals - 1), cfg.backoff_max_s)
+            if cfg.jitter:
+                wait *= 1 + self._rng.uniform(-cfg.jitter, cfg.jitter)
+        until = max(state.blocked_until, now + wait)
+        return self._set(host, replace(state, blocked_until=until, refusals=refusals))
+
+    def succeeded(self, host: str) -> None:
+        """A response that was not a pushback: the refusal count decays (halves)."""
+        state = self.hosts.get(host)
+        if state is not None and state.refusals:
+            self._set(host, replace(state, refusals=state.refusals // 2))
+
+    def gave_up(self, host: str) -> bool:
+        """Has the host refused ``max_refusals`` times in a row?"""
+        return self.get(host).refusals >= self.config.max_refusals
+
+    def sent(self, host: str, now: float) -> None:
+        """A request to the host left (only tracked for hosts with an interval)."""
+        state = self.hosts.get(host)
+        if state is not None and state.interval:
+            self.hosts[host] = replace(state, last_sent=now)
+
+    def crawl_delay(self, host: str, seconds: float | None) -> None:
+        """robots.txt's Crawl-delay for the host (None or 0: none), capped."""
+        delay = min(max(0.0, seconds or 0.0), self.config.crawl_delay_max_s)
+        state = self.get(host)
+        if delay != state.crawl_delay:
+            self._set(host, replace(state, crawl_delay=delay))
+
+    def throttle(self, host: str, delay_s: float) -> None:
+        """The delay a throttle (AutoThrottle) uses for the host now."""
+        state = self.get(host)
+        delay = max(0.0, delay_s)
+        if abs(delay - state.throttle_delay) > 1e-3:
+            self._set(host, replace(state, throttle_delay=delay))
+
+    def take_changed(self) -> dict[str, HostState]:
+        """States changed since the last call (to persist or publish), and forget them."""
+        changed, self._changed = self._changed, set()
+        return {h: self.get(h) for h in changed}
+
+    def to_json(self) -> dict[str, dict[str, float | int]]:
+        return {h: s.to_json() for h, s in sorted(self.hosts.items())}
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Adopt :meth:`to_json` output; a malformed entry raises ``ValueError``."""
+        for host, raw in data.items():
+            self.put(str(host), HostState.from_json(raw))

@@ -1,0 +1,95 @@
+"""Per-host politeness state: Retry-After, adaptive backoff, Crawl-delay, its JSON."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+
+import pytest
+
+from scrapy_banker.core.politeness import HostState, Politeness, PolitenessConfig, parse_retry_after
+
+NOW = 1_800_000_000.0
+
+
+def test_retry_after_in_seconds_or_as_an_http_date() -> None:
+    assert parse_retry_after("120", NOW) == 120.0
+    assert parse_retry_after(b" 5 ", NOW) == 5.0
+    date = email.utils.formatdate(NOW + 30, usegmt=True)
+    assert parse_retry_after(date, NOW) == pytest.approx(30.0, abs=1.0)
+    assert parse_retry_after(email.utils.formatdate(NOW - 30, usegmt=True), NOW) == 0.0
+    for bad in (None, "", "soon", "-5", "1.5e3", "Mon, 99 Foo 2026"):
+        assert parse_retry_after(bad, NOW) is None, bad
+
+
+def test_retry_after_blocks_the_host_until_then() -> None:
+    p = Politeness(PolitenessConfig(jitter=0))
+    state = p.refused("a.test", NOW, 90.0)
+    assert state.blocked_until == NOW + 90 and state.refusals == 1
+    assert p.ready_at("a.test") == NOW + 90
+    assert p.ready_at("b.test") == 0.0
+    # A shorter Retry-After later never shortens a block already promised.
+    assert p.refused("a.test", NOW + 1, 5.0).blocked_until == NOW + 90
+    # Capped: a server asking for a day is honoured for backoff_max_s.
+    assert p.refused("c.test", NOW, 86400.0).blocked_until == NOW + 600
+
+
+def test_headerless_refusals_back_off_exponentially_with_jitter_and_decay() -> None:
+    p = Politeness(PolitenessConfig(backoff_base_s=2, backoff_max_s=60, jitter=0.25),
+                   rng=random.Random(1))  # fmt: skip
+    waits = []
+    for i in range(6):
+        waits.append(p.refused("a.test", NOW + i, None).blocked_until - (NOW + i))
+    for i, wait in enumerate(waits):
+        nominal = min(2 * 2**i, 60)
+        assert nominal * 0.75 <= wait <= nominal * 1.25, (i, wait)
+    assert p.get("a.test").refusals == 6
+    p.succeeded("a.test")
+    assert p.get("a.test").refusals == 3
+    p.succeeded("a.test")
+    p.succeeded("a.test")
+    assert p.get("a.test").refusals == 0
+
+
+def test_a_host_refusing_past_the_cap_is_given_up() -> None:
+    p = Politeness(PolitenessConfig(max_refusals=3, jitter=0))
+    for i in range(2):
+        p.refused("a.test", NOW + i, 1.0)
+    assert not p.gave_up("a.test")
+    p.refused("a.test", NOW + 5, 1.0)
+    assert p.gave_up("a.test")
+
+
+def test_crawl_delay_and_throttle_delay_space_requests() -> None:
+    p = Politeness(PolitenessConfig(crawl_delay_max_s=10))
+    p.crawl_delay("a.test", 3.0)
+    p.sent("a.test", NOW)
+    assert p.ready_at("a.test") == NOW + 3
+    p.throttle("a.test", 5.0)  # the larger of the two
+    assert p.ready_at("a.test") == NOW + 5
+    p.crawl_delay("b.test", 3600.0)
+    assert p.get("b.test").crawl_delay == 10.0  # capped
+    p.sent("c.test", NOW)  # no interval: nothing to remember
+    assert "c.test" not in p.hosts
+
+
+def test_state_round_trips_through_json_and_changes_are_reported() -> None:
+    p = Politeness(PolitenessConfig(jitter=0))
+    p.refused("a.test", NOW, 30.0)
+    p.crawl_delay("b.test", 2.0)
+    assert set(p.take_changed()) == {"a.test", "b.test"}
+    assert p.take_changed() == {}
+    q = Politeness()
+    q.restore(p.to_json())
+    assert q.hosts == p.hosts
+    assert HostState().to_json() == {}
+    for bad in ({"refusals": "x"}, {"blocked_until": -1}, {"nope": 1}, {"last_sent": float("inf")}):
+        with pytest.raises(ValueError):
+            HostState.from_json(bad)
+
+
+def test_bad_constants_are_refused() -> None:
+    for kwargs in ({"codes": frozenset()}, {"codes": frozenset({42})}, {"backoff_base_s": 0},
+                   {"jitter": 1.0}, {"max_refusals": 0}, {"crawl_delay_max_s": -1}):  # fmt: skip
+        with pytest.raises(ValueError):
+            PolitenessConfig(**kwargs)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """A deterministic local "web farm": many virtual hosts served by one process.
 
 Scheduling components can only be judged against a web whose shape, latency
-and failures are known in advance.  The package has four modules:
+and failures are known in advance.  The package has five modules:
 
 * :mod:`~scrapy_banker.testing.farm.model` -- :class:`FarmConfig` /
   :class:`FarmModel`, a *pure* description of the farm: which hosts exist,
@@ -10,6 +10,14 @@ and failures are known in advance.  The package has four modules:
   from ``seed``, so tests can compute the exact set of URLs a perfect crawl
   must fetch (:meth:`FarmModel.expected_urls`) without ever talking to the
   server.
+* :mod:`~scrapy_banker.testing.farm.pushback` -- sites that push back, the
+  pure part: :class:`RateLimit` (``429`` with ``Retry-After`` in seconds,
+  as an HTTP date, or without it), :class:`Burst` (headerless ``503``
+  windows), robots.txt ``Crawl-delay`` and :class:`PushbackTracker`, which
+  decides at receipt time and counts refusals, Retry-After and
+  Crawl-delay violations and robots.txt fetches.  All off by default
+  (``FarmConfig.rate_limits``, ``bursts``, ``crawl_delays``,
+  :meth:`FarmConfig.with_pushback`).
 * :mod:`~scrapy_banker.testing.farm.static` -- :class:`StaticSite`, a
   directory tree served as it is under a virtual host name
   (``FarmConfig.static_sites``).
@@ -48,6 +56,13 @@ from scrapy_banker.testing.farm.model import (
     Fault,
     load_rtt_matrix,
 )
+from scrapy_banker.testing.farm.pushback import (
+    Burst,
+    HostPushback,
+    PushbackTracker,
+    RateLimit,
+    Refusal,
+)
 from scrapy_banker.testing.farm.static import StaticSite
 
 if TYPE_CHECKING:
@@ -56,12 +71,17 @@ if TYPE_CHECKING:
 __all__ = [
     "NODE_HEADER",
     "STATS_PREFIX",
+    "Burst",
     "FarmConfig",
     "FarmFactory",
     "FarmModel",
     "FarmProtocol",
     "FarmServer",
     "Fault",
+    "HostPushback",
+    "PushbackTracker",
+    "RateLimit",
+    "Refusal",
     "StaticSite",
     "WebFarm",
     "load_rtt_matrix",

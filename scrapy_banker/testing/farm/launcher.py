@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from scrapy_banker.testing.farm.model import STATS_PREFIX, FarmConfig, FarmModel
+from scrapy_banker.testing.farm.pushback import HostPushback
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,10 @@ class WebFarm:
     def expected_urls(self, start_urls: Iterable[str] | None = None) -> set[str]:
         return self.model.expected_urls(self.port, start_urls)
 
+    def pushback_hosts(self) -> dict[str, HostPushback]:
+        """Hosts that push back and how (:meth:`FarmModel.pushback_hosts`); no request made."""
+        return self.model.pushback_hosts()
+
     def _get(self, path: str) -> Any:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
@@ -196,11 +201,11 @@ class WebFarm:
             conn.close()
 
     def stats(self, urls: bool = False) -> dict[str, Any]:
-        """Server counters; ``urls=True`` adds ``fetches``: absolute URL -> count."""
+        """Server counters; ``urls=True`` adds ``fetches`` and ``refused_urls``: URL -> count."""
         return cast(dict[str, Any], self._get(STATS_PREFIX + "stats" + ("?urls=1" if urls else "")))
 
     def reset(self) -> None:
-        """Zero the counters and forget which transient URLs already failed."""
+        """Zero the counters, forget which transient URLs already failed and the push-back state."""
         self._get(STATS_PREFIX + "reset")
 
     def samples(self) -> list[list[Any]]:

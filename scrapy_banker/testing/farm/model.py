@@ -6,6 +6,15 @@ it, deterministically from ``seed``, every host's pages, their bytes, their
 links, their delays and their injected faults.  Tests compute the exact set
 of URLs a perfect crawl must fetch (:meth:`FarmModel.expected_urls`) without
 ever talking to the server.  No Twisted, no sockets.
+
+Push-back (all off by default): ``rate_limits`` / ``static_rate_limits``
+(429, with ``Retry-After`` in seconds, as a date, or without it),
+``bursts`` / ``static_bursts`` (headerless 503s) and ``crawl_delays``
+(``/robots.txt`` with a ``Crawl-delay``), or :meth:`FarmConfig.with_pushback`
+to draw shares of the hosts from the seed.  :meth:`FarmModel.pushback`
+says what a host does, :meth:`FarmModel.pushback_tracker` builds the
+receipt-time decisions and counters the server applies
+(:mod:`~scrapy_banker.testing.farm.pushback`).
 """
 
 from __future__ import annotations
@@ -15,16 +24,23 @@ import json
 import logging
 import math
 import os
+import zlib
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 from urllib.parse import urlsplit
 
 import numpy as np
 import numpy.typing as npt
 
 from scrapy_banker.net.gnp import read_rtt_matrix
+from scrapy_banker.testing.farm.pushback import (
+    Burst,
+    HostPushback,
+    PushbackTracker,
+    RateLimit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +80,30 @@ _WORDS: Final = (
 ).split()
 
 
+def _index(key: object, what: str) -> int:
+    try:
+        return int(cast(Any, key))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: {key!r} is not a host index") from exc
+
+
+def _static_name(name: object) -> str:
+    return str(name).strip(".").lower()
+
+
+def _crawl_delay(key: object, value: object) -> float:
+    """A Crawl-delay in seconds, rounded to the millisecond robots.txt shows."""
+    try:
+        delay = round(float(cast(Any, value)), 3)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"crawl_delays[{key}]: {value!r} is not a number of seconds") from exc
+    if isinstance(value, bool) or not math.isfinite(delay) or delay <= 0:
+        raise ValueError(
+            f"crawl_delays[{key}] must be a finite number of seconds >= 0.001, got {value!r}"
+        )
+    return delay
+
+
 def _int_keys(raw: Mapping[Any, Any], what: str) -> dict[int, float]:
     """Normalise a host-index mapping; JSON turns int keys into strings."""
     out: dict[int, float] = {}
@@ -88,6 +128,16 @@ class FarmConfig:
     (``1 kbps = 1000 bit/s``), ``timeout_s`` in seconds.  The fault rates are
     fractions of *content* pages (``/<topic>/<k>.html``); root and topic
     index pages never fail so that every page stays reachable.
+
+    Push-back (every field empty by default, which changes nothing): a
+    host in ``rate_limits`` answers ``429`` above its :class:`RateLimit`
+    (with ``Retry-After`` in seconds, as an HTTP date, or without it), one
+    in ``bursts`` answers ``503`` inside its :class:`Burst` windows, one in
+    ``crawl_delays`` serves ``/robots.txt`` with that ``Crawl-delay`` and
+    counts the requests that come too soon.  Refusals cost the host's base
+    latency only (no bandwidth, no timeout), and ``/robots.txt`` is never
+    refused.  Specs may be given as objects or as their JSON dicts.
+    :meth:`with_pushback` fills the three fields from shares of the hosts.
     """
 
     seed: int = 0
@@ -118,6 +168,16 @@ class FarmConfig:
     static_latency_ms: dict[str, float] = field(default_factory=dict)
     #: Seconds between samples of the requests in flight (0: no sampling).
     sample_interval_s: float = 0.0
+    #: Host index -> its :class:`RateLimit` (429 above the rate).
+    rate_limits: dict[int, RateLimit] = field(default_factory=dict)
+    #: Static site name -> its :class:`RateLimit`.
+    static_rate_limits: dict[str, RateLimit] = field(default_factory=dict)
+    #: Host index -> its :class:`Burst` (headerless 503s).
+    bursts: dict[int, Burst] = field(default_factory=dict)
+    #: Static site name -> its :class:`Burst`.
+    static_bursts: dict[str, Burst] = field(default_factory=dict)
+    #: Host index -> Crawl-delay in seconds (rounded to ms) its robots.txt announces.
+    crawl_delays: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Normalise containers so that configs built by hand, from JSON or
@@ -137,6 +197,19 @@ class FarmConfig:
                  {str(k).strip(".").lower(): float(v) for k, v in self.static_latency_ms.items()})
         if self.bandwidth_kbps is not None:
             setattr_(self, "bandwidth_kbps", float(self.bandwidth_kbps))
+        setattr_(self, "rate_limits", {
+            _index(k, "rate_limits"): RateLimit.coerce(v, f"rate_limits[{k}]")
+            for k, v in self.rate_limits.items()})
+        setattr_(self, "static_rate_limits", {
+            _static_name(k): RateLimit.coerce(v, f"static_rate_limits[{k!r}]")
+            for k, v in self.static_rate_limits.items()})
+        setattr_(self, "bursts", {
+            _index(k, "bursts"): Burst.coerce(v, f"bursts[{k}]") for k, v in self.bursts.items()})
+        setattr_(self, "static_bursts", {
+            _static_name(k): Burst.coerce(v, f"static_bursts[{k!r}]")
+            for k, v in self.static_bursts.items()})
+        setattr_(self, "crawl_delays", {
+            _index(k, "crawl_delays"): _crawl_delay(k, v) for k, v in self.crawl_delays.items()})
         self._validate()
 
     def _validate(self) -> None:
@@ -165,6 +238,86 @@ class FarmConfig:
         for name in self.static_latency_ms:
             if name not in self.static_sites:
                 raise ValueError(f"static_latency_ms names {name!r}, which is no static site")
+        for what, indexed in (
+            ("rate_limits", self.rate_limits),
+            ("bursts", self.bursts),
+            ("crawl_delays", self.crawl_delays),
+        ):
+            outside = sorted(k for k in indexed if not 0 <= k < self.hosts)
+            if outside:
+                raise ValueError(f"{what} names hosts {outside} outside range(0, {self.hosts})")
+        for what, named in (
+            ("static_rate_limits", self.static_rate_limits),
+            ("static_bursts", self.static_bursts),
+        ):
+            for name in named:
+                if name not in self.static_sites:
+                    raise ValueError(f"{what} names {name!r}, which is no static site")
+
+    @property
+    def has_pushback(self) -> bool:
+        """Whether any host rate-limits, bursts or announces a Crawl-delay."""
+        return bool(
+            self.rate_limits
+            or self.static_rate_limits
+            or self.bursts
+            or self.static_bursts
+            or self.crawl_delays
+        )
+
+    def with_pushback(
+        self,
+        retry_after_share: float = 0.2,
+        headerless_share: float = 0.1,
+        crawl_delay_share: float = 0.1,
+        *,
+        rate_limit: RateLimit | None = None,
+        date_share: float = 0.5,
+        burst: Burst | None = None,
+        crawl_delay_s: float = 0.5,
+    ) -> FarmConfig:
+        """A copy whose generated hosts push back, the hosts drawn from ``seed``.
+
+        Three disjoint sets of hosts, taken in turn from one seeded
+        permutation of the host indexes (``share x hosts``, rounded half
+        up, each):
+
+        * ``retry_after_share`` -- rate-limited (``rate_limit``, default 4
+          requests per second) with ``Retry-After``: the first
+          ``date_share`` of them (rounded half up) as an HTTP date, the
+          others in delta-seconds;
+        * ``headerless_share`` -- refusals without Retry-After, alternately
+          a headerless 429 rate limit and 503 bursts (``burst``, default
+          2 s in every 10 s), the first being a 429;
+        * ``crawl_delay_share`` -- a robots.txt with ``Crawl-delay:
+          crawl_delay_s``.
+
+        ``rate_limits``, ``bursts`` and ``crawl_delays`` are replaced; the
+        static sites' push-back and every other field are kept.
+        """
+        shares = (retry_after_share, headerless_share, crawl_delay_share)
+        if any(not 0.0 <= s <= 1.0 for s in (*shares, date_share)) or sum(shares) > 1.0:
+            raise ValueError("push-back shares must be in [0, 1] and sum to <= 1")
+        limit = rate_limit if rate_limit is not None else RateLimit(requests=4, window_s=1.0)
+        bursting = burst if burst is not None else Burst(period_s=10.0, duration_s=2.0)
+        order = np.random.default_rng([self.seed, 0x9B5B]).permutation(self.hosts).tolist()
+        n_ra, n_bare, n_cd = (int(s * self.hosts + 0.5) for s in shares)
+        n_date = int(date_share * n_ra + 0.5)
+        with_ra = order[:n_ra]
+        bare = order[n_ra : n_ra + n_bare]
+        delayed = order[n_ra + n_bare : n_ra + n_bare + n_cd]
+        rate_limits = {
+            i: dataclasses.replace(limit, retry_after="date" if k < n_date else "seconds")
+            for k, i in enumerate(with_ra)
+        }
+        for i in bare[0::2]:
+            rate_limits[i] = dataclasses.replace(limit, retry_after="none")
+        return dataclasses.replace(
+            self,
+            rate_limits=dict(sorted(rate_limits.items())),
+            bursts={i: bursting for i in sorted(bare[1::2])},
+            crawl_delays=dict.fromkeys(sorted(delayed), crawl_delay_s),
+        )
 
     def __hash__(self) -> int:
         return hash(self.to_json())
@@ -556,6 +709,60 @@ class FarmModel:
                     frontier.append(node)
         return extra | {self.url(i, self._path_at(i, q), port) for i, q in seen}
 
+    # --------------------------------------------------------------- push-back
+    def burst_phase_s(self, host: int | str) -> float:
+        """The host's offset into its time-mode burst cycle, from the seed (0 without one)."""
+        i, name = self._pushback_key(host)
+        cfg = self.config
+        burst = cfg.bursts.get(i) if i is not None else cfg.static_bursts.get(name)
+        if burst is None or burst.period_s <= 0:
+            return 0.0
+        key = [cfg.seed, i, 4] if i is not None else [cfg.seed, zlib.crc32(name.encode()), 5]
+        return float(np.random.default_rng(key).random()) * burst.period_s
+
+    def _pushback_key(self, host: int | str) -> tuple[int | None, str]:
+        if isinstance(host, int):
+            self._check_host(host)
+            return host, self._names[host]
+        name = (host.rsplit(":", 1)[0] if ":" in host else host).strip().rstrip(".").lower()
+        if name in self.config.static_sites:
+            return None, name
+        return self._name_index.get(name), name
+
+    def pushback(self, host: int | str) -> HostPushback | None:
+        """What a host (index, generated name or static site name) does to push back, or None."""
+        i, name = self._pushback_key(host)
+        cfg = self.config
+        if i is None:
+            limit = cfg.static_rate_limits.get(name)
+            burst = cfg.static_bursts.get(name)
+            delay = None
+        else:
+            limit = cfg.rate_limits.get(i)
+            burst = cfg.bursts.get(i)
+            delay = cfg.crawl_delays.get(i)
+        if limit is None and burst is None and delay is None:
+            return None
+        return HostPushback(name, i, limit, burst, self.burst_phase_s(host), delay)
+
+    def pushback_hosts(self) -> dict[str, HostPushback]:
+        """Every host that pushes back, by name: generated hosts by index, then static sites."""
+        cfg = self.config
+        indexes = sorted({*cfg.rate_limits, *cfg.bursts, *cfg.crawl_delays})
+        names = sorted({*cfg.static_rate_limits, *cfg.static_bursts})
+        specs = [self.pushback(i) for i in indexes] + [self.pushback(n) for n in names]
+        return {spec.host: spec for spec in specs if spec is not None}
+
+    def robots_txt(self, i: int) -> bytes | None:
+        """Body of host ``i``'s ``/robots.txt``: its Crawl-delay, or None (a 404) without one."""
+        self._check_host(i)
+        spec = self.pushback(i)
+        return None if spec is None else spec.robots_txt()
+
+    def pushback_tracker(self) -> PushbackTracker:
+        """The receipt-time decisions and counters the server applies (pure: pass a clock)."""
+        return PushbackTracker(self.pushback, active=self.config.has_pushback)
+
     # ---------------------------------------------------------------- latency
     def rtt_matrix_ms(self) -> npt.NDArray[np.float64]:
         """The repaired RTT matrix (ms), loaded on first use and checked against the config."""
@@ -613,6 +820,7 @@ _REASONS: Final = {
     400: b"Bad Request",
     404: b"Not Found",
     405: b"Method Not Allowed",
+    429: b"Too Many Requests",
     431: b"Request Header Fields Too Large",
     500: b"Internal Server Error",
     501: b"Not Implemented",

@@ -9,6 +9,17 @@ network-awareness tests need.  :class:`FarmProtocol` is a hand-written
 protocol rather than ``twisted.web`` because the benchmarks need several
 thousand pages per second from one core.
 
+Push-back (``FarmConfig.rate_limits``, ``bursts``, ``crawl_delays`` and
+their static-site twins) is decided at receipt time by the model's
+:class:`~scrapy_banker.testing.farm.pushback.PushbackTracker`: a refused
+request is answered ``429`` (with ``Retry-After`` when the host announces
+one) or ``503`` after the host's base latency only, and still counts in
+``requests``, ``per_host``, ``fetches`` and ``statuses``.  ``stats()`` adds
+``refused``, ``retry_after_violations``, ``crawl_delay_violations`` and
+``robots_fetches`` (totals) with a ``<name>_per_host`` dict each, and
+``refused_urls`` (URL -> refusals) next to ``fetches``; a page whose
+``fetches`` equal its ``refused_urls`` was only ever refused.
+
 This module is the child process's entry point
 (:class:`~scrapy_banker.testing.farm.launcher.WebFarm` starts it).  Run
 ``python -m scrapy_banker.testing.farm.server --config-json '{"hosts": 5}'``
@@ -41,6 +52,7 @@ from scrapy_banker.testing.farm.model import (
     FarmModel,
     _status_body,
 )
+from scrapy_banker.testing.farm.pushback import ROBOTS_PATH
 from scrapy_banker.testing.farm.static import StaticSite
 
 logger = logging.getLogger(__name__)
@@ -50,10 +62,17 @@ __all__ = ["FarmFactory", "FarmProtocol", "FarmServer", "main"]
 _NODE_HEADER_LOWER: Final = NODE_HEADER.lower().encode()
 _HTML: Final = b"text/html; charset=utf-8"
 _JSON: Final = b"application/json"
+_TEXT: Final = b"text/plain; charset=utf-8"
 
 
 def _response(
-    status: int, body: bytes, content_type: bytes, keep_alive: bool, http10: bool, head: bool
+    status: int,
+    body: bytes,
+    content_type: bytes,
+    keep_alive: bool,
+    http10: bool,
+    head: bool,
+    headers: bytes = b"",
 ) -> bytes:
     connection = (
         b""
@@ -62,8 +81,8 @@ def _response(
     )
     header = (
         b"HTTP/1.1 %d %s\r\nServer: scrapy-banker-farm\r\nContent-Type: %s\r\n"
-        b"Content-Length: %d\r\n%s\r\n"
-        % (status, _REASONS.get(status, b"Error"), content_type, len(body), connection)
+        b"Content-Length: %d\r\n%s%s\r\n"
+        % (status, _REASONS.get(status, b"Error"), content_type, len(body), headers, connection)
     )
     return header if head else header + body
 
@@ -88,7 +107,7 @@ class _Transport(Protocol):
 
 
 class _Answer:
-    __slots__ = ("body", "content_type", "delay", "host", "status")
+    __slots__ = ("body", "content_type", "delay", "headers", "host", "status")
 
     def __init__(
         self,
@@ -97,12 +116,15 @@ class _Answer:
         delay: float = 0.0,
         host: str | None = None,
         content_type: bytes = _HTML,
+        headers: bytes = b"",
     ) -> None:
         self.status = status
         self.body = body
         self.delay = delay
         self.host = host
         self.content_type = content_type
+        #: Extra header lines, each ending in CRLF (``Retry-After``).
+        self.headers = headers
 
 
 class FarmServer:
@@ -121,14 +143,20 @@ class FarmServer:
         self.port = port
         self._bodies: dict[tuple[int, str], tuple[int, bytes, float]] = {}
         self._sites: dict[str, StaticSite] = {}
+        #: Receipt-time push-back decisions and counters (reset by :meth:`reset`).
+        self.pushback = model.pushback_tracker()
         self.reset()
 
     def reset(self) -> None:
-        """Forget counters and transient-error memory: as if freshly started.
+        """Forget counters, transient-error and push-back memory: as if freshly started.
 
         In-flight requests are kept (they will still be answered), so the
-        maxima restart from the current in-flight numbers.
+        maxima restart from the current in-flight numbers.  Rate-limit
+        windows, announced Retry-After periods, burst counts and the burst
+        clock start afresh.
         """
+        self.pushback.reset()
+        self.refused_urls: dict[str, int] = {}
         self.requests = 0
         self.per_host: dict[str, int] = {}
         self.per_node: dict[str, int] = {}
@@ -186,8 +214,10 @@ class FarmServer:
                 else round(self.last_done_at - self.first_at, 4)
             ),
         }
+        out.update(self.pushback.stats())
         if urls:
             out["fetches"] = dict(self.fetches)
+            out["refused_urls"] = dict(self.refused_urls)
         return out
 
     def _cached(self, i: int, path: str) -> tuple[int, bytes, float]:
@@ -216,10 +246,12 @@ class FarmServer:
     def handle(
         self, target: str, host_header: str, node: str | None, method: str = "GET"
     ) -> _Answer:
-        """Answer one request; counters are updated at receipt time.
+        """Answer one request; counters and push-back are updated at receipt time.
 
         Generated hosts answer GET and HEAD (405 otherwise); static sites
-        answer POST like GET.
+        answer POST like GET.  A host that pushes back refuses before any
+        of that (any method), and a generated host with a Crawl-delay
+        serves its ``/robots.txt``.
         """
         if target.startswith(("http://", "https://")):  # absolute-form (proxies)
             parts = urlsplit(target)
@@ -236,9 +268,29 @@ class FarmServer:
         self.fetches[url] = self.fetches.get(url, 0) + 1
         if node is not None:
             self.per_node[node] = self.per_node.get(node, 0) + 1
+        pushback = self.pushback
+        refusal = (
+            pushback.receive(hostname, path, time.monotonic(), time.time())
+            if pushback.active or path == ROBOTS_PATH
+            else None
+        )
         site = self._static(hostname)
         i = None if site is not None else self.model.host_index(hostname)
-        if site is not None:
+        if refusal is not None:
+            if i is not None:
+                base = self.model.latency_ms(i, node)
+            else:
+                cfg = self.model.config
+                base = cfg.static_latency_ms.get(hostname, cfg.latency_ms)
+            retry_after = (
+                b""
+                if refusal.retry_after is None
+                else b"Retry-After: %s\r\n" % refusal.retry_after.encode("latin-1")
+            )
+            body = _status_body(refusal.status, f"{hostname}{path}")
+            answer = _Answer(refusal.status, body, base / 1000.0, hostname, headers=retry_after)
+            self.refused_urls[url] = self.refused_urls.get(url, 0) + 1
+        elif site is not None:
             status, body, ctype = site.answer(path)
             delay = self.model.config.static_latency_ms.get(hostname, self.model.config.latency_ms)
             answer = _Answer(status, body, delay / 1000.0, hostname, ctype)
@@ -246,6 +298,10 @@ class FarmServer:
             answer = _Answer(405, _status_body(405, method), host=hostname)
         elif i is None:
             answer = _Answer(404, _status_body(404, f"unknown host {hostname}"), host=hostname)
+        elif path == ROBOTS_PATH and (robots := self.model.robots_txt(i)) is not None:
+            delay = self.model.latency_ms(i, node) / 1000.0
+            delay += self.model.bandwidth_delay_s(i, len(robots))
+            answer = _Answer(200, robots, delay, hostname, _TEXT)
         else:
             status, body, extra = self._cached(i, path)
             delay = self.model.latency_ms(i, node) / 1000.0 + extra
@@ -388,7 +444,15 @@ class FarmProtocol(protocol.Protocol):
         if answer.host is not None:
             self._server.enter(answer.host)
         self._queue.append(slot)
-        data = _response(answer.status, answer.body, answer.content_type, keep_alive, http10, head)
+        data = _response(
+            answer.status,
+            answer.body,
+            answer.content_type,
+            keep_alive,
+            http10,
+            head,
+            answer.headers,
+        )
         if answer.delay > 0:
             slot.call = self._server.clock.callLater(answer.delay, self._ready, slot, data)
         else:

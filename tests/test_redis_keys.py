@@ -26,6 +26,7 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
         dead="{banker:shop:3}:dead",
         seen="{banker:shop:3}:seen",
         bloom="{banker:shop:3}:bloom",
+        hosts="{banker:shop:3}:hosts",
     )
     assert keys.partition(3).level(-2) == "{banker:shop:3}:lv:-2"
     assert (keys.nodes, keys.heartbeats, keys.table) == (
@@ -47,6 +48,9 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
     assert keys.rtt("n1") == "banker:shop:net:rtt:n1"
     assert keys.bw("n1") == "banker:shop:net:bw:n1"
     assert keys.bs_probe("n1") == "banker:shop:net:bs-probe:n1"
+    # Expiring, per origin: a flush leaves them (robots.txt is no crawl state).
+    assert keys.robots("https://a.test:8443") == "banker:shop:robots:https://a.test:8443"
+    assert keys.robots_lock("http://a.test") == "banker:shop:robots-lock:http://a.test"
 
 
 def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
@@ -54,7 +58,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
     slots = []
     for p in range(64):
         names = keys.partition(p).names()
-        assert len(names) == 8
+        assert len(names) == 9
         # The level lists too: the scripts name them from the levels key.
         names += (keys.partition(p).level(0), keys.partition(p).level(-7))
         assert len({key_slot(n.encode()) for n in names}) == 1
@@ -65,7 +69,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
 def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
     keys = Keyspace(PREFIX, 4)
     cleared = list(keys.cleared())
-    assert len(cleared) == len(set(cleared)) == 4 * 8 + 11
+    assert len(cleared) == len(set(cleared)) == 4 * 9 + 11
     for p in range(4):
         assert set(keys.partition(p).names()) <= set(cleared)
     assert {

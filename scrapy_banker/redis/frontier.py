@@ -14,7 +14,9 @@ of parts by concern, each in its own module:
 * :class:`~scrapy_banker.redis.frontier_census.WorkCensus` -- the work left,
   per partition or crawl-wide, and whether the crawl is over;
 * :class:`~scrapy_banker.redis.frontier_deadletters.DeadLetters` -- what the
-  crawl gave up on, with the reason.
+  crawl gave up on, with the reason;
+* :class:`~scrapy_banker.redis.frontier_hosts.HostStates` -- each host's
+  politeness state, kept with its partition so that it moves with the host.
 
 They share one :class:`~scrapy_banker.redis.frontier_link.FrontierLink`: the
 key names of one :class:`~scrapy_banker.redis.keys.Keyspace` and one
@@ -51,6 +53,7 @@ from scrapy_banker.core.ops import EnqueueOp
 from scrapy_banker.redis.frontier_census import CENSUS_CHUNK, WorkCensus, finished_bump
 from scrapy_banker.redis.frontier_deadletters import DeadLetters
 from scrapy_banker.redis.frontier_enqueue import Enqueuer
+from scrapy_banker.redis.frontier_hosts import HostStates
 from scrapy_banker.redis.frontier_leases import Leases
 from scrapy_banker.redis.frontier_link import FrontierLink
 from scrapy_banker.redis.frontier_reaper import REAP_CHUNK, REAP_LIMIT, LeaseReaper
@@ -58,12 +61,13 @@ from scrapy_banker.redis.keys import Keyspace, PartitionKeys, decode
 from scrapy_banker.redis.scripts import Refusal, ScriptCall
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
     from redis.cluster import RedisCluster
 
     from scrapy_banker.core.ops import LeaseToken
     from scrapy_banker.redis.frontier_census import Census
+    from scrapy_banker.redis.frontier_hosts import HostWrite
     from scrapy_banker.redis.frontier_leases import Leased, PopResult
 
 __all__ = ["Flushed", "RedisFrontier"]
@@ -78,6 +82,10 @@ class Flushed:
     dead_lettered: int
     acked: int
     nacked: int
+    #: Host states written (fields set or deleted), and writes refused
+    #: because the node no longer owns the partition nor holds leases there.
+    host_states: int = 0
+    host_states_fenced: int = 0
 
 
 class RedisFrontier:
@@ -120,6 +128,7 @@ class RedisFrontier:
         self.reaper = LeaseReaper(link, max_deliveries)
         self.work = WorkCensus(link)
         self.deadletters = DeadLetters(link)
+        self.hosts = HostStates(link)
 
     def keys(self, partition: int) -> PartitionKeys:
         return self.keyspace.partition(partition)
@@ -133,10 +142,14 @@ class RedisFrontier:
         acks: Mapping[int, Sequence[str]] | None = None,
         nacks: Mapping[int, Sequence[str]] | None = None,
         starts: Mapping[int, Sequence[str]] | None = None,
+        hosts: Sequence[HostWrite] = (),
+        node: str = "",
     ) -> Flushed:
         """A worker's queued operations, in the order the crawl's guarantees need.
 
-        Enqueues first (a callback's children), then -- when anything
+        Enqueues first (a callback's children) with the host states ``node``
+        writes (:class:`~scrapy_banker.redis.frontier_hosts.HostStates`: a
+        new owner waits for the acks below before it reads them), then -- when anything
         finishes -- the :attr:`~scrapy_banker.redis.keys.Keyspace.finished`
         bump, dead letters, acks (``partition -> refs``) and nacks.  So a
         parent's ack never lands before its children, and a drain check
@@ -151,6 +164,7 @@ class RedisFrontier:
             ("start", call) for call in leases.calls("start", starts or {})
         ]
         calls += [("enqueue", self.enqueuer.call(op)) for op in enqueues]
+        calls += [("hosts", self.hosts.call(node, w)) for w in hosts if w.states]
         steps = [len(calls)]
         acks = {p: ids for p, ids in (acks or {}).items() if ids}
         nacks = {p: ids for p, ids in (nacks or {}).items() if ids}
@@ -166,12 +180,17 @@ class RedisFrontier:
                 answers += self.scripts.run_batch(calls[start:end])
         else:
             answers = self.scripts.run_batch(calls)
-        for answer in answers:
-            if isinstance(answer, Refusal):
+        for (name, _), answer in zip(calls, answers, strict=True):
+            if isinstance(answer, Refusal) and name != "hosts":
                 raise redis.ResponseError(answer.reply)
         out = Flushed([], 0, 0, 0)
         for (name, _), answer in zip(calls, answers, strict=True):
-            if name == "enqueue":
+            if name == "hosts":
+                if isinstance(answer, Refusal):
+                    out.host_states_fenced += 1
+                else:
+                    out.host_states += int(answer)
+            elif name == "enqueue":
                 out.enqueued.append(None if answer is None else decode(answer))
             elif name == "deadletter":
                 out.dead_lettered += int(answer)
@@ -238,9 +257,16 @@ class RedisFrontier:
         count_per_partition: int = 1,
         *,
         counts: Mapping[int, int] | None = None,
+        read_hosts: Collection[int] = (),
     ) -> PopResult:
-        """:meth:`pop` on many partitions in one round trip; ``owned``: partition -> epoch."""
-        return self.leases.pop_many(owned, node, count_per_partition, counts=counts)
+        """:meth:`pop` on many partitions in one round trip; ``owned``: partition -> epoch.
+
+        See :meth:`Leases.pop_many <scrapy_banker.redis.frontier_leases.Leases.pop_many>`
+        (``read_hosts``: partitions whose hosts' states to read after the pop).
+        """
+        return self.leases.pop_many(
+            owned, node, count_per_partition, counts=counts, read_hosts=read_hosts
+        )
 
     def ack(self, partition: int, ids: Sequence[str]) -> int:
         """Forget processed requests; ids, or ``id#delivery`` (:attr:`LeaseToken.ref`)."""

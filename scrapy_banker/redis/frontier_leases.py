@@ -24,7 +24,7 @@ from scrapy_banker.redis.keys import decode
 from scrapy_banker.redis.scripts import Busy, Fenced, ScriptCall
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Mapping, Sequence
 
     from scrapy_banker.redis.frontier_link import FrontierLink
     from scrapy_banker.redis.keys import PartitionKeys
@@ -63,6 +63,9 @@ class PopResult:
     busy: list[int]
     #: Partitions that had nothing queued.
     empty: list[int]
+    #: Partition -> host -> state JSON, for the partitions asked to be read
+    #: (``read_hosts``) whose pop was neither fenced nor ``BUSY``.
+    hosts: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
 #: The keys of the scripts that act on leases by ``partition -> ids``.
@@ -109,22 +112,35 @@ class Leases:
         count_per_partition: int = 1,
         *,
         counts: Mapping[int, int] | None = None,
+        read_hosts: Collection[int] = (),
     ) -> PopResult:
         """:meth:`pop` on many partitions in one round trip; ``owned``: partition -> epoch.
 
         ``counts`` (partition -> how many) overrides ``count_per_partition``.
+        For the partitions in ``read_hosts`` the hosts' politeness states
+        are read right after the pop, in the same pipeline
+        (``lua/hosts_read.lua``; see :mod:`scrapy_banker.redis.frontier_hosts`).
         """
         result = PopResult([], [], [], [])
-        answers = self._pop(owned, node, count_per_partition, counts)
-        for p, answer in zip(owned, answers, strict=True):
+        answers = iter(self._pop(owned, node, count_per_partition, counts, read_hosts))
+        for p in owned:
+            answer = next(answers)
+            states = next(answers) if p in read_hosts else None
             if isinstance(answer, Fenced):
                 result.not_owned.append(p)
-            elif isinstance(answer, Busy):
+                continue
+            if isinstance(answer, Busy):
                 result.busy.append(p)
-            elif answer:
+                continue
+            if answer:
                 result.leased.extend(_leased(p, answer))
             else:
                 result.empty.append(p)
+            if states is not None:
+                result.hosts[p] = {
+                    decode(states[i], lossy=True): decode(states[i + 1], lossy=True)
+                    for i in range(0, len(states), 2)
+                }
         return result
 
     def _pop(
@@ -133,16 +149,19 @@ class Leases:
         node: str,
         count: int,
         counts: Mapping[int, int] | None = None,
+        read_hosts: Collection[int] = (),
     ) -> list[Any]:
-        calls = []
+        calls: list[tuple[str, ScriptCall]] = []
         for p, epoch in owned.items():
             k = self.link.keys(p)
             n = count if counts is None else counts.get(p, count)
-            calls.append(ScriptCall(
+            calls.append(("pop", ScriptCall(
                 [k.levels, k.leases, k.payloads, k.meta, k.owner],
                 [node, int(epoch), self.lease_ttl_ms, int(n)],
-            ))  # fmt: skip
-        return self.link.scripts.run("pop", calls)
+            )))  # fmt: skip
+            if p in read_hosts:
+                calls.append(("hosts_read", ScriptCall([k.hosts], [])))
+        return self.link.scripts.run_batch(calls)
 
     # -- settling ---------------------------------------------------------------------
 

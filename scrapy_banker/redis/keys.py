@@ -52,6 +52,13 @@ class PartitionKeys:
     #: a RedisBloom filter where the server has ``BF.*``, else a bit array
     #: in a plain string whose geometry is the ``bf`` field of :attr:`meta`.
     bloom: str
+    #: Hash host -> its politeness state as JSON
+    #: (:class:`~scrapy_banker.core.politeness.HostState`: a Retry-After
+    #: block, the backoff, Crawl-delay, throttle delay, last request sent),
+    #: written by the partition's owner (``lua/hosts.lua``, fenced like a
+    #: pop) and read by a new owner before it dispatches the partition's
+    #: requests.  A host back to the default state has no field.
+    hosts: str
 
     def names(self) -> tuple[str, ...]:
         """The fixed keys; the level lists are named by what :attr:`levels` holds."""
@@ -128,6 +135,7 @@ class Keyspace:
             dead=f"{tag}:dead",
             seen=f"{tag}:seen",
             bloom=f"{tag}:bloom",
+            hosts=f"{tag}:hosts",
         )
 
     def bloom_shard(self, shard: int) -> str:
@@ -153,6 +161,20 @@ class Keyspace:
         of scanning every partition it owns to find them.
         """
         return f"{self.prefix}:ready:{node}"
+
+    def robots(self, origin: str) -> str:
+        """The robots.txt of ``origin`` (``scheme://netloc``) one worker fetched (expires).
+
+        ``"<status>\\n<body>"`` (``"error\\n<reason>"`` when the fetch
+        failed), written with an expiry (:setting:`BANKER_ROBOTS_TTL`), so the
+        fleet fetches each host's robots.txt once, not once per worker; see
+        :mod:`scrapy_banker.scheduler.robots`.  Expiring, it needs no clearing.
+        """
+        return f"{self.prefix}:robots:{origin}"
+
+    def robots_lock(self, origin: str) -> str:
+        """Held (``SET NX PX``) by the one worker fetching ``origin``'s robots.txt."""
+        return f"{self.prefix}:robots-lock:{origin}"
 
     def telemetry(self, node: str) -> str:
         """The node's latest :class:`~scrapy_banker.core.telemetry.Sample` as JSON (expires).

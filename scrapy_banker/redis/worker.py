@@ -61,6 +61,7 @@ from scrapy_banker.redis.worker_jobs import (
 from scrapy_banker.redis.worker_state import FleetLink, WorkerState
 
 if TYPE_CHECKING:
+    from collections import deque
     from collections.abc import Callable
 
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
@@ -254,6 +255,20 @@ class FrontierWorker:
         self.state.outbox.dead_letter(token, reason)
         self._kick()
 
+    def host_state(self, host: str, partition: int, epoch: int, state: str) -> None:
+        """Write ``host``'s politeness state (JSON, ``""`` once back to the default) to
+        its partition with the next batch, ahead of that batch's acks (see
+        :mod:`scrapy_banker.redis.frontier_hosts`); ``epoch``: the partition's epoch
+        this node leased the host's requests under (0: the one it owns now)."""
+        self.state.outbox.host_state(host, partition, epoch, state)
+        self._kick()
+
+    @property
+    def adopted(self) -> deque[tuple[int, dict[str, str]]]:
+        """(partition, host -> state JSON) of partitions this node took over, each
+        appended before the partition's first leases in :attr:`inbound`."""
+        return self.state.adopted
+
     def request(self, want: int) -> None:
         """The scheduler's buffer could take ``want`` more requests."""
         self.state.signals.want = max(0, want)
@@ -286,7 +301,12 @@ class FrontierWorker:
         see :meth:`LeaseBook.holds <scrapy_banker.redis.worker_state.LeaseBook.holds>`.
         """
         ttl_s = self.link.frontier.lease_ttl_ms / 1000
-        return self.state.leases.holds(token, self.owned, ttl_s, now)
+        leases = self.state.leases
+        # The stamp first, then the table: the heartbeat that moves the stamp
+        # applied its table before, so a woken node never pairs a fresh
+        # renewal with the table it had before it stopped.
+        renewed_at = leases.renewed_at
+        return leases.holds(token, self.owned, ttl_s, now, renewed_at)
 
     def pending_ops(self) -> int:
         """Operations not confirmed by Redis yet, a spill being replayed included."""

@@ -47,9 +47,10 @@ from typing import TYPE_CHECKING
 
 from scrapy_banker.core.spill import SpillOps
 from scrapy_banker.redis.connection import REDIS_ERRORS
+from scrapy_banker.redis.frontier_hosts import HostWrite
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.net.partitions import Move
@@ -146,14 +147,17 @@ class Flusher:
                 sent += len(chunk)
             rest = enqueues[sent:]
             done = frontier.flush(
-                rest, batch.dead, refs(batch.acks), refs(batch.nacks), refs(batch.starts)
-            )
+                rest, batch.dead, refs(batch.acks), refs(batch.nacks), refs(batch.starts),
+                hosts=self.host_writes(batch.hosts), node=self.link.node,
+            )  # fmt: skip
             self.record_enqueued(rest, done.enqueued)
             sent = len(enqueues)
         except BaseException:
             state.outbox.put_back(batch, sent)
             raise
         counters = state.counters
+        counters.add("banker/redis/host_states_written", done.host_states)
+        counters.add("banker/redis/host_states_fenced", done.host_states_fenced)
         counters.add("banker/redis/dead_lettered", done.dead_lettered)
         counters.add("banker/redis/acked", done.acked)
         counters.add("banker/redis/nacked", done.nacked)
@@ -168,6 +172,21 @@ class Flusher:
             owned = state.ownership.owned
             state.hints.nonempty.update(t.partition for t in batch.nacks if t.partition in owned)
         return True
+
+    def host_writes(self, hosts: Mapping[str, tuple[int, int, str]]) -> list[HostWrite]:
+        """The batch's host states, one write per partition and epoch.
+
+        A state whose epoch is unknown (0) goes under the epoch this node
+        owns the partition at; one of a partition this node neither owns nor
+        leased from is dropped (its owner keeps its own).
+        """
+        owned = self.state.ownership.owned
+        grouped: dict[tuple[int, int], dict[str, str]] = {}
+        for host, (partition, epoch, value) in hosts.items():
+            epoch = epoch or owned.get(partition, 0)
+            if epoch:
+                grouped.setdefault((partition, epoch), {})[host] = value
+        return [HostWrite(p, e, states) for (p, e), states in grouped.items()]
 
     def record_enqueued(self, ops: Sequence[EnqueueOp], results: Sequence[str | None]) -> None:
         """Bookkeeping of an enqueue batch Redis answered: seen cache, hints, wake-ups."""
@@ -436,10 +455,17 @@ class Popper:
         got = 0
         candidates = list(counts)
         frontier, node, counters = self.link.frontier, self.link.node, state.counters
+        adopted = ownership.adopted
         for i in range(0, len(candidates), POP_CHUNK):
             chunk = {p: owned[p] for p in candidates[i : i + POP_CHUNK]}
+            # Partitions new here (or here again under a new epoch): their
+            # hosts' states are read after the pop, before their leases go out.
+            new = {p for p, e in chunk.items() if adopted.get(p) != e}
             sent = self.clock()
-            result = frontier.pop_many(chunk, node, self.pop_per_partition, counts=counts)
+            result = frontier.pop_many(
+                chunk, node, self.pop_per_partition, counts=counts, read_hosts=new
+            )
+            self.adopt(result.hosts, chunk)
             for p in result.empty:
                 nonempty.discard(p)
                 busy_until.pop(p, None)
@@ -466,6 +492,21 @@ class Popper:
             if self.on_ready is not None:
                 self.on_ready()
         return got
+
+    def adopt(self, hosts: Mapping[int, dict[str, str]], epochs: Mapping[int, int]) -> None:
+        """Hand the scheduler the hosts' states of partitions popped for the first
+        time at their epoch, before their leases (:attr:`WorkerState.adopted
+        <scrapy_banker.redis.worker_state.WorkerState.adopted>`).
+
+        Read in the pop's pipeline, after a pop that was not ``BUSY``: every
+        lease of an earlier owner was released, after the states it wrote.
+        """
+        state = self.state
+        adopted = state.ownership.adopted
+        for p, states in hosts.items():
+            adopted[p] = epochs[p]
+            state.adopted.append((p, states))
+            state.counters.add("banker/redis/host_states_adopted", len(states))
 
 
 class Membership:

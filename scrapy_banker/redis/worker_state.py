@@ -7,7 +7,7 @@ writes it, so the threads meet in as few places as possible:
 
 * :class:`Outbox` -- queue operations the reactor thread appends under a lock
   and the worker thread takes whole (the only lock the reactor ever waits
-  on, held for a list append);
+  on, held for a list append), and the hosts' politeness states to write;
 * :class:`Signals` -- single attributes written by one thread and read by the
   other (a read or a write of one attribute is atomic);
 * :class:`Counters` -- stats added up under a lock and taken by the reactor;
@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from scrapy_banker.core.spill import SpillOps
@@ -77,9 +77,13 @@ class Batch:
     acks: list[LeaseToken]
     nacks: list[LeaseToken]
     starts: list[LeaseToken]
+    #: Host -> (partition, epoch, state JSON or "" to delete): the latest of each.
+    hosts: dict[str, tuple[int, int, str]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.enqueues or self.dead or self.acks or self.nacks or self.starts)
+        return bool(
+            self.enqueues or self.dead or self.acks or self.nacks or self.starts or self.hosts
+        )
 
 
 class Outbox:
@@ -98,6 +102,7 @@ class Outbox:
         self._nacks: list[LeaseToken] = []
         self._starts: list[LeaseToken] = []
         self._downloaded: list[LeaseToken] = []
+        self._hosts: dict[str, tuple[int, int, str]] = {}
         #: The latest telemetry write (key, JSON, expiry in ms), replaced whole
         #: by the reactor thread; a newer one supersedes an unsent one.
         self.telemetry: tuple[str, str, int] | None = None
@@ -128,6 +133,12 @@ class Outbox:
         with self._lock:
             self._downloaded.append(token)
 
+    def host_state(self, host: str, partition: int, epoch: int, state: str) -> None:
+        """Write ``host``'s politeness state (JSON; ``""``: back to the default) with its
+        partition; a newer state of the host replaces one not sent yet."""
+        with self._lock:
+            self._hosts[host] = (partition, epoch, state)
+
     def __len__(self) -> int:
         """Queue operations not sent yet (enqueues, dead letters, acks, nacks)."""
         with self._lock:
@@ -138,8 +149,11 @@ class Outbox:
     def take(self) -> Batch:
         """Everything to send, in one snapshot (the outbox is empty after it)."""
         with self._lock:
-            batch = Batch(self._enqueues, self._dead, self._acks, self._nacks, self._starts)
+            batch = Batch(
+                self._enqueues, self._dead, self._acks, self._nacks, self._starts, self._hosts
+            )
             self._enqueues, self._dead, self._acks, self._nacks, self._starts = [], [], [], [], []
+            self._hosts = {}
         return batch
 
     def put_back(self, batch: Batch, sent: int = 0) -> None:
@@ -155,6 +169,8 @@ class Outbox:
             self._acks[:0] = batch.acks
             self._nacks[:0] = batch.nacks
             self._starts[:0] = batch.starts
+            for host, write in batch.hosts.items():
+                self._hosts.setdefault(host, write)  # a newer state wins
 
     def take_downloaded(self) -> list[LeaseToken]:
         with self._lock:
@@ -168,10 +184,15 @@ class Outbox:
     # -- after the worker stopped ------------------------------------------------------
 
     def take_unsent(self) -> SpillOps:
-        """The enqueues, dead letters, acks and nacks never sent, for a spill file."""
+        """The enqueues, dead letters, acks and nacks never sent, for a spill file.
+
+        Host states are not spilled: a replay comes after the partition may
+        have moved on, and a state is a hint, not work.
+        """
         with self._lock:
             own = SpillOps(self._enqueues, self._dead, self._acks, self._nacks)
             self._enqueues, self._dead, self._acks, self._nacks = [], [], [], []
+            self._hosts = {}
         return own
 
 
@@ -245,6 +266,10 @@ class Ownership:
         self.table: PartitionTable | None = None
         #: The version of :attr:`table` (-1: none loaded yet).
         self.version = -1
+        #: Partition -> the epoch whose hosts' states this node read (the
+        #: worker thread's alone): a partition popped under another epoch is
+        #: new here, and its states are read before its requests go out.
+        self.adopted: dict[int, int] = {}
 
     def apply(self, table: PartitionTable) -> None:
         """Take a freshly loaded table as the truth about what this node owns."""
@@ -301,7 +326,14 @@ class LeaseBook:
         """Partition -> ids of every lease held, for a renewal round."""
         return {p: sorted(ids) for p, ids in self.held.items() if ids}
 
-    def holds(self, token: LeaseToken, owned: dict[int, int], ttl_s: float, now: float) -> bool:
+    def holds(
+        self,
+        token: LeaseToken,
+        owned: dict[int, int],
+        ttl_s: float,
+        now: float,
+        renewed_at: float | None = None,
+    ) -> bool:
         """Whether ``token``'s lease is known to run for a while yet (a fifth of the TTL).
 
         It ran at least until the later of its pop and the last renewal
@@ -309,12 +341,16 @@ class LeaseBook:
         partition this node lost, or owns again under a newer epoch (stopped
         past the node timeout and joined again), it is not held: leases of
         the old epoch were reaped and may be another node's, and renewals do
-        not say whose.
+        not say whose.  ``renewed_at``: :attr:`renewed_at` as the caller read
+        it *before* ``owned`` (a heartbeat applies the table it loaded before
+        it stamps its renewal, so a fresh stamp comes with a fresh table).
         """
+        if renewed_at is None:
+            renewed_at = self.renewed_at
         epoch = owned.get(token.partition)
         if epoch is None or (token.epoch and epoch != token.epoch):
             return False
-        return now < max(token.leased_at, self.renewed_at) + TRUSTED_LEASE_FRACTION * ttl_s
+        return now < max(token.leased_at, renewed_at) + TRUSTED_LEASE_FRACTION * ttl_s
 
 
 def _discard(book: dict[int, set[str]], token: LeaseToken) -> None:
@@ -337,3 +373,7 @@ class WorkerState:
         self.leases = LeaseBook()
         #: Leased requests for the scheduler; deque appends and pops are thread-safe.
         self.inbound: deque[Leased] = deque()
+        #: (partition, host -> state JSON) read from Redis when this node took a
+        #: partition over, each appended before the partition's first leases in
+        #: :attr:`inbound`: the scheduler adopts them before it dispatches those.
+        self.adopted: deque[tuple[int, dict[str, str]]] = deque()

@@ -1,4 +1,4 @@
-"""Spider and downloader middlewares: topic tagging and per-topic accounting."""
+"""Spider and downloader middlewares: topic tagging, per-topic accounting, server pushback."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ class BankerTopicMiddleware(BaseSpiderMiddleware):
 
 
 class BankerDownloaderMiddleware:
-    """Count what each topic yields from the network; release admission grants.
+    """Count what each topic yields from the network; release admission grants; hand
+    server pushback to the scheduler.
 
     The per-topic response and byte counters are what the demo summary and the
     slice adjuster read; counting here, after the download, measures real
@@ -98,6 +99,16 @@ class BankerDownloaderMiddleware:
     exception, ``IgnoreRequest`` from an earlier middleware included -- before
     RetryMiddleware or RedirectMiddleware (lower orders) copy its meta into a
     new request.
+
+    With :setting:`BANKER_PUSHBACK` on, every response then goes to the
+    scheduler's politeness gate
+    (:meth:`~scrapy_banker.scheduler.BankerScheduler.pushback`): a status of
+    :setting:`BANKER_PUSHBACK_CODES` blocks its host (``Retry-After`` or the
+    backoff) and the request is put back into the scheduler -- returned as a
+    copy the engine schedules again, before ``RetryMiddleware`` (550) could
+    retry it at once -- or, once the host refused past
+    :setting:`BANKER_PUSHBACK_MAX_REFUSALS`, dead-lettered
+    (``IgnoreRequest``).  See :doc:`/politeness`.
     """
 
     def __init__(self, crawler: Crawler):
@@ -107,6 +118,7 @@ class BankerDownloaderMiddleware:
         assert crawler.stats is not None
         self.stats = crawler.stats
         self.crawler = crawler
+        self.pushback = self.config.pushback
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -114,11 +126,16 @@ class BankerDownloaderMiddleware:
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
-    ) -> Response:
+    ) -> Response | Request:
         topic = request_topic(request, self.config, self.stats)
         self.stats.inc_value(f"banker/topic/{topic}/responses")
         self.stats.inc_value(f"banker/topic/{topic}/response_bytes", len(response.body))
         self._release(request, "response")
+        if self.pushback:
+            pushback = getattr(running_scheduler(self.crawler), "pushback", None)
+            if pushback is not None:
+                result: Response | Request = pushback(request, response)
+                return result
         return response
 
     def _release(self, request: Request, outcome: str) -> None:

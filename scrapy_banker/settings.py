@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from scrapy_banker.core.hashing import KEY_POLICIES
+from scrapy_banker.core.politeness import PolitenessConfig
 from scrapy_banker.core.topics import TopicSpec
 
 if TYPE_CHECKING:
@@ -73,7 +74,15 @@ class CrawlerLike(Protocol):
 
 #: Section of ``docs/settings.rst`` a setting is documented in (a test checks it).
 Group = Literal[
-    "general", "topics", "queue", "admission", "redis", "placement", "operations", "testing"
+    "general",
+    "topics",
+    "queue",
+    "politeness",
+    "admission",
+    "redis",
+    "placement",
+    "operations",
+    "testing",
 ]
 
 
@@ -302,6 +311,27 @@ def _class_paths(name: str, value: Any, ctx: Context) -> tuple[str, ...]:
     return tuple(c.strip() for c in value)
 
 
+def _http_codes(name: str, value: Any, ctx: Context) -> frozenset[int]:
+    """A non-empty list of HTTP statuses; ``-s NAME=429,503`` or JSON on the command line."""
+    if isinstance(value, str):
+        text = value.strip()
+        value = _json_if_str(name, text) if text.startswith("[") else text.split(",")
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise _bad(name, value, "expected a list of HTTP status codes, e.g. [429, 503]")
+    codes = set()
+    for code in value:
+        try:
+            number = _as_int(name, code.strip() if isinstance(code, str) else code)
+        except ValueError:
+            raise _bad(name, value, f"{code!r} is not an HTTP status code (100-599)") from None
+        if not 100 <= number <= 599:
+            raise _bad(name, value, f"{number} is not an HTTP status code (100-599)")
+        codes.add(number)
+    if not codes:
+        raise _bad(name, value, "expected at least one status code (BANKER_PUSHBACK=False: none)")
+    return frozenset(codes)
+
+
 def _directory_depth(name: str, value: Any, ctx: Context) -> int:
     depth = _as_positive_int(name, value, 0)
     if depth > 24:
@@ -504,6 +534,22 @@ class BankerConfig:
     )
     pacing: bool = setting("BANKER_PACING", True, boolean, group="queue")
     pacing_backlog: int = setting("BANKER_PACING_BACKLOG", 2, int_at_least(1), group="queue")
+    pushback: bool = setting("BANKER_PUSHBACK", True, boolean, group="politeness")
+    pushback_codes: frozenset[int] = setting(
+        "BANKER_PUSHBACK_CODES", [429, 503], _http_codes, group="politeness"
+    )
+    pushback_backoff: float = setting(
+        "BANKER_PUSHBACK_BACKOFF", 2.0, positive_float, group="politeness"
+    )
+    pushback_backoff_max: float = setting(
+        "BANKER_PUSHBACK_BACKOFF_MAX", 600.0, positive_float, group="politeness"
+    )
+    pushback_max_refusals: int = setting(
+        "BANKER_PUSHBACK_MAX_REFUSALS", 20, int_at_least(1), group="politeness"
+    )
+    crawl_delay_max: float = setting(
+        "BANKER_CRAWL_DELAY_MAX", 60.0, non_negative_float, group="politeness"
+    )
     resources: Mapping[str, int] = setting("BANKER_RESOURCES", {}, _resources, group="admission")
     task_claims: Mapping[str, Mapping[str, int]] = setting(
         "BANKER_TASK_CLAIMS", {}, _task_claims, group="admission"
@@ -528,6 +574,12 @@ class BankerConfig:
                 self.topic_slice,
                 f"must be >= BANKER_TOPIC_MIN_SLICE ({floor})",
             )
+        if self.pushback_backoff_max < self.pushback_backoff:
+            raise _bad(
+                "BANKER_PUSHBACK_BACKOFF_MAX",
+                self.pushback_backoff_max,
+                f"must be >= BANKER_PUSHBACK_BACKOFF ({self.pushback_backoff})",
+            )
         for spec in self.topics.values():
             if spec.slice_s < floor:
                 raise _bad(
@@ -535,6 +587,16 @@ class BankerConfig:
                     spec.slice_s,
                     f"must be >= BANKER_TOPIC_MIN_SLICE ({floor})",
                 )
+
+    def politeness(self) -> PolitenessConfig:
+        """The :class:`~scrapy_banker.core.politeness.Politeness` constants these settings give."""
+        return PolitenessConfig(
+            codes=self.pushback_codes,
+            backoff_base_s=self.pushback_backoff,
+            backoff_max_s=self.pushback_backoff_max,
+            max_refusals=self.pushback_max_refusals,
+            crawl_delay_max_s=self.crawl_delay_max,
+        )
 
     def topic_priority(self, topic: str) -> int:
         spec = self.topics.get(topic)

@@ -93,3 +93,22 @@ def test_bad_constants_are_refused() -> None:
                    {"jitter": 1.0}, {"max_refusals": 0}, {"crawl_delay_max_s": -1}):  # fmt: skip
         with pytest.raises(ValueError):
             PolitenessConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_refusals_of_requests_in_flight_when_the_block_began_count_once() -> None:
+    p = Politeness(PolitenessConfig(backoff_base_s=2, backoff_max_s=60, jitter=0))
+    p.refused("a.test", NOW, None, coalesce=True)
+    # Three more answers of requests sent before the block: one backoff, not four.
+    for dt in (0.1, 0.2, 0.3):
+        state = p.refused("a.test", NOW + dt, None, coalesce=True)
+    assert state.refusals == 1 and state.blocked_until == NOW + 2  # not extended either
+    assert p.blocked("a.test", NOW + 1) and not p.blocked("a.test", NOW + 2)
+    # An echo still carries its Retry-After: the longer promise wins.
+    assert p.refused("a.test", NOW + 0.5, 30.0, coalesce=True).blocked_until == NOW + 30.5
+    assert p.get("a.test").refusals == 1
+    # Once the block is over, the next refusal counts (and doubles the backoff).
+    state = p.refused("a.test", NOW + 31, None, coalesce=True)
+    assert state.refusals == 2 and state.blocked_until == NOW + 31 + 4
+    # Without coalescing every refusal counts, as before.
+    assert p.refused("a.test", NOW + 32, None).refusals == 3
+    assert not p.blocked("b.test", NOW)

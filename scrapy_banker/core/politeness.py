@@ -157,6 +157,8 @@ class Politeness:
         self, config: PolitenessConfig | None = None, rng: random.Random | None = None
     ) -> None:
         self.config = config or PolitenessConfig()
+        #: Host -> state, idle hosts absent.  Mutated in place, never replaced: a
+        #: caller may keep a reference to it for a cheap "any state here?" test.
         self.hosts: dict[str, HostState] = {}
         self._rng = rng or random.Random()
         #: Hosts whose state changed since :meth:`take_changed` (to persist or publish).
@@ -181,11 +183,25 @@ class Politeness:
         state = self.hosts.get(host)
         return 0.0 if state is None else state.ready_at()
 
-    def refused(self, host: str, now: float, retry_after_s: float | None) -> HostState:
-        """The host answered with a pushback status; ``retry_after_s`` from its header."""
+    def refused(
+        self, host: str, now: float, retry_after_s: float | None, *, coalesce: bool = False
+    ) -> HostState:
+        """The host answered with a pushback status; ``retry_after_s`` from its header.
+
+        ``coalesce=True``: a refusal that arrives while the host is still
+        blocked -- the answer to a request that was already in flight when
+        the block began -- does not count as one more refusal, so a host
+        refusing ``N`` parallel requests at once backs off once, not ``N``
+        times; only its ``Retry-After``, if longer, extends the block.  A
+        crawler that holds a blocked host's requests (as the scheduler does)
+        passes it; without it every refusal counts.
+        """
         cfg = self.config
         state = self.get(host)
-        refusals = state.refusals + 1
+        echo = coalesce and state.blocked_until > now and state.refusals > 0
+        if echo and retry_after_s is None:
+            return state
+        refusals = state.refusals if echo else state.refusals + 1
         if retry_after_s is not None:
             wait = min(max(0.0, retry_after_s), cfg.backoff_max_s)
         else:
@@ -194,6 +210,11 @@ class Politeness:
                 wait *= 1 + self._rng.uniform(-cfg.jitter, cfg.jitter)
         until = max(state.blocked_until, now + wait)
         return self._set(host, replace(state, blocked_until=until, refusals=refusals))
+
+    def blocked(self, host: str, now: float) -> bool:
+        """Is the host blocked (Retry-After or backoff) at ``now``? (An interval is no block.)"""
+        state = self.hosts.get(host)
+        return state is not None and state.blocked_until > now
 
     def succeeded(self, host: str) -> None:
         """A response that was not a pushback: the refusal count decays (halves)."""

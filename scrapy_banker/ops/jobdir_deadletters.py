@@ -9,7 +9,16 @@ putting the ones that carry a journal record back into the JOBDIR's journal.
   (:func:`~scrapy_banker.core.journal.parse_enqueue`) the letter can be requeued;
 * ``"when": "save"`` -- a request only memory held at a clean stop (``url``,
   ``method``, ``error``): nothing of it was written, so it cannot be
-  requeued; it is listed, and a requeue leaves it and says why.
+  requeued; it is listed, and a requeue leaves it and says why;
+* ``"when": "pushback"`` -- a request given up on because its host refused
+  past :setting:`BANKER_PUSHBACK_MAX_REFUSALS` (``error``: ``pushback: <host>
+  refused N times``; ``host``, ``url``, ``method``), written by
+  :meth:`~scrapy_banker.scheduler.jobdir.JobDir.dead_letter_refused` with the
+  journal ``E`` record a resume would read as ``payload`` -- requeued exactly
+  like a restore letter.  One whose request could not be encoded has no
+  payload: listed, not requeueable.  After a requeue the next resume sends
+  the host one request again (once its last ``Retry-After`` or backoff is
+  over); if it still refuses, its requests come back here.
 
 A letter's request payload is checked with the project's JSON codec and no
 spider, as a fleet's is (:func:`~scrapy_banker.ops.payloads.check_payload`):
@@ -91,6 +100,8 @@ SCHEMA_VERSION = 1
 DEADLETTER_FILE = "banker-deadletter.jsonl"
 
 _SAVE_WHY = "only memory held it at a clean stop: nothing was saved, no payload to queue"
+#: Letters whose ``payload`` is a journal ``E`` record a requeue appends again.
+_REQUEUEABLE_KINDS = frozenset({"restore", "pushback"})
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,8 @@ class JobdirLetter:
 
     #: Its line number in the file as read (1 = first line).
     line: int
-    #: ``restore``, ``save``, ``unreadable`` (not a JSON object), or what the letter says.
+    #: ``restore``, ``save``, ``pushback``, ``unreadable`` (not a JSON object), or what the
+    #: letter says.
     when: str
     #: Why the crawl dead-lettered it.
     error: str
@@ -167,7 +179,7 @@ def parse_letter(line: int, text: str, codec: RequestCodec) -> JobdirLetter:
     letter = JobdirLetter(line, when, error, source, url, method)
     if when == "save":
         return replace(letter, why_not=_SAVE_WHY)
-    if when != "restore":
+    if when not in _REQUEUEABLE_KINDS:
         return replace(letter, why_not=f"a letter of unknown kind {when!r}")
     payload = data.get("payload")
     if not isinstance(payload, str):

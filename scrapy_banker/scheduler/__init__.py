@@ -8,6 +8,9 @@ A thin shell holding Scrapy's ``BaseScheduler`` contract over named parts:
   room, like Scrapy's ``DownloaderInterface``),
 * the :class:`~scrapy_banker.scheduler.queue.LocalQueue` (topics, the
   extendible-hash directory, slot lanes),
+* a :class:`~scrapy_banker.scheduler.politeness.PolitenessGate` (server
+  pushback: Retry-After, backoff, Crawl-delay; the hosts' states are
+  :attr:`BankerScheduler.politeness`),
 * an :class:`~scrapy_banker.scheduler.gate.AdmissionGate` when
   ``BANKER_RESOURCES`` is set (Banker's algorithm),
 * a request store: :class:`~scrapy_banker.scheduler.store.MemoryStore`
@@ -30,8 +33,9 @@ from scrapy_banker.core.pacing import Pacer, PacerConfig
 from scrapy_banker.scheduler.classifier import Classifier, UnparsableURL
 from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
-from scrapy_banker.scheduler.engine import scraper_backlog
+from scrapy_banker.scheduler.engine import scraper_backlog, wake_engine
 from scrapy_banker.scheduler.gate import AdmissionGate
+from scrapy_banker.scheduler.politeness import PolitenessGate
 from scrapy_banker.scheduler.queue import LocalQueue
 from scrapy_banker.scheduler.sampler import take_sample
 from scrapy_banker.scheduler.serialize import RequestCodec
@@ -41,10 +45,12 @@ from scrapy_banker.settings import core_config, ops_config
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
+    from scrapy.http import Response
     from twisted.internet.defer import Deferred
 
     from scrapy_banker.core.directory import ExtendibleDirectory
     from scrapy_banker.core.frontier import Entry
+    from scrapy_banker.core.politeness import Politeness
     from scrapy_banker.core.telemetry import Sample
     from scrapy_banker.scheduler.admission import Admission
 
@@ -52,9 +58,27 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["META_SLOT", "BankerScheduler"]
 
+#: Seconds between two hand-overs of changed host states to the store.
+POLITENESS_FLUSH_S = 1.0
+
 
 class BankerScheduler(BaseScheduler):
-    """Topic-aware, download-slot-aware frontier with an extendible-hash directory."""
+    """Topic-aware, download-slot-aware frontier with an extendible-hash directory.
+
+    Seams of per-host politeness (issue #26), for stores and extensions:
+
+    * :attr:`politeness` -- the hosts' :class:`~scrapy_banker.core.politeness.Politeness`
+      (keyed by download slot).  Whatever sets a state there (a Crawl-delay
+      through ``politeness.crawl_delay(host, seconds)``) is enforced by the
+      gate at the next pop of the host's lanes.
+    * the store's ``politeness_changed(states)``, called about once a second
+      (and at close) with ``politeness.take_changed()``: what a fleet store
+      publishes with the host's partition;
+    * ``parts.politeness.adopt(states)``: what a store calls for hosts it
+      takes over (their lanes re-check at once);
+    * the store's ``dead_letter(request, reason, entry)`` for requests given
+      up on (see :class:`~scrapy_banker.scheduler.store.RequestStore`).
+    """
 
     #: The request store this scheduler composes (built with ``build_from_crawler``).
     store_class: ClassVar[Any] = MemoryStore
@@ -71,6 +95,16 @@ class BankerScheduler(BaseScheduler):
         self.frontier = parts.queue.frontier
         self.store = store
         self.gate = parts.gate
+        #: The pushback gate, and the hosts' states it holds (the fleet's seam).
+        self.politeness_gate = polite = parts.politeness
+        self.politeness: Politeness = polite.politeness
+        polite.on_ready = self._hosts_ready
+        store_dead_letter = getattr(store, "dead_letter", None)
+        if store_dead_letter is not None:
+            polite.drain = True
+            polite.dead_letter = lambda request, reason: store_dead_letter(request, reason, None)
+        self._politeness_changed = getattr(store, "politeness_changed", None)
+        self._politeness_flush_at = 0.0
         self.counters = SchedulerCounters(parts.stats)
         self.clock = time.monotonic
         self.spider: Spider | None = None
@@ -90,8 +124,13 @@ class BankerScheduler(BaseScheduler):
             logger.info("BANKER_ENABLED is False: using Scrapy's default scheduler")
             return Scheduler.from_crawler(crawler)
         assert crawler.stats is not None
-        downloader = DownloaderView(crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))
-        queue = LocalQueue(config, downloader.is_free, downloader.idle)
+        settings = crawler.settings
+        downloader = DownloaderView(settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))
+        politeness = PolitenessGate(
+            config, crawler.stats, downloader.is_free,
+            autothrottle=settings.getbool("AUTOTHROTTLE_ENABLED"),
+        )  # fmt: skip
+        queue = LocalQueue(config, politeness.is_free, downloader.idle)
         gate = AdmissionGate(config, crawler.stats, queue.requeue) if config.resources else None
         parts = SchedulerParts(
             crawler=crawler,
@@ -100,6 +139,7 @@ class BankerScheduler(BaseScheduler):
             downloader=downloader,
             classifier=Classifier(config, downloader, crawler.stats),
             queue=queue,
+            politeness=politeness,
             codec=RequestCodec(config.serialize_allowed_classes),
             gate=gate,
         )
@@ -139,6 +179,8 @@ class BankerScheduler(BaseScheduler):
         now = self.clock()
         if self.gate is not None:
             self.gate.close(now)  # parked requests go back to the queue, and so to the store
+        self.politeness_gate.close()
+        self._flush_politeness(now)
         self.counters.flush(now)
         self.queue.publish_stats(self.stats)
         if self.pacer is not None:
@@ -175,6 +217,8 @@ class BankerScheduler(BaseScheduler):
         now = self.clock()
         store = self.store
         store.refill(now)
+        if now >= self._politeness_flush_at:
+            self._flush_politeness(now)
         entry = self._pop(now)
         if entry is None:
             store.polled(None)
@@ -182,6 +226,7 @@ class BankerScheduler(BaseScheduler):
             return None
         request = entry.item
         self.downloader.dispatched(request, entry.slot)
+        self.politeness_gate.dispatched(entry.slot)
         self.counters.count("dequeued", store.dispatched(request), entry.topic, now)
         store.polled(request)
         return request
@@ -205,12 +250,51 @@ class BankerScheduler(BaseScheduler):
                 def pop(now: float) -> Entry[Request] | None:
                     return queue.pop_slots(critical, now)
 
+        polite = self.politeness_gate
         while (entry := pop(now)) is not None:
-            if store.keep(entry) and (gate is None or gate.admit(entry)):
+            if not store.keep(entry):
+                continue
+            if polite.given_up and polite.draining(entry.slot):
+                self._dead_letter_entry(entry)
+                continue
+            if gate is None or gate.admit(entry):
                 return entry
         if gate is not None:
             gate.nothing_to_dispatch(now, self.downloader.idle)
         return None
+
+    # -- politeness -------------------------------------------------------------------
+
+    def pushback(self, request: Request, response: Response) -> Response | Request:
+        """A response arrived (``BankerDownloaderMiddleware``): the response, or the request
+        to put back; ``IgnoreRequest`` for one dead-lettered.  See
+        :meth:`~scrapy_banker.scheduler.politeness.PolitenessGate.response`."""
+        polite = self.politeness_gate
+        if not polite.enabled:
+            return response
+        slot = self.downloader.slot_key(request)
+        delay = self.downloader.slot_delay(slot) if polite.autothrottle else None
+        return polite.response(request, response, slot, delay)
+
+    def _hosts_ready(self, slots: list[str]) -> None:
+        """The wait of these slots' hosts is over: their parked lanes compete again."""
+        for slot in slots:
+            self.queue.slot_freed(slot)
+        wake_engine(self.crawler)
+
+    def _dead_letter_entry(self, entry: Entry[Request]) -> None:
+        """A queued request of a host given up on: dead-lettered, never sent."""
+        refusals = self.politeness.get(entry.slot).refusals
+        reason = f"pushback: {entry.slot} refused {refusals} times (not sent)"
+        self.store.dead_letter(entry.item, reason, entry)
+        self.stats.inc_value("banker/pushback/dead_lettered")
+
+    def _flush_politeness(self, now: float) -> None:
+        """Hand the host states changed since the last time to the store (about once a second)."""
+        self._politeness_flush_at = now + POLITENESS_FLUSH_S
+        changed = self.politeness.take_changed()
+        if changed and self._politeness_changed is not None:
+            self._politeness_changed(changed)
 
     # -- requests ending ---------------------------------------------------------------
 

@@ -149,6 +149,13 @@ class DownloaderView:
             return 0, self._slot_concurrency(slot_key)
         return len(slot.transferring), int(slot.concurrency)
 
+    def slot_delay(self, slot_key: str) -> float | None:
+        """The slot's current download delay (AutoThrottle's), None without such a slot."""
+        dl = self.downloader
+        slot = None if dl is None else dl.slots.get(slot_key)
+        delay = getattr(slot, "delay", None)
+        return None if delay is None else float(delay)
+
     def dispatched(self, request: Request, slot: str) -> None:
         request.meta[META_SLOT] = slot
         self.inflight[slot] = self.inflight.get(slot, 0) + 1

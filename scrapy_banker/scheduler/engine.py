@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -73,3 +73,37 @@ def looping_call(func: Callable[[], Any]) -> Any:
 
         return LoopingCall(func)
     return create_looping_call(func)
+
+
+class Timer(Protocol):
+    """A one-shot timer that can be cancelled (before or after it fired)."""
+
+    def cancel(self) -> None: ...
+
+
+class _TwistedTimer:
+    """``reactor.callLater``'s ``DelayedCall`` with a ``cancel`` that never raises."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def cancel(self) -> None:
+        if self._call.active():
+            self._call.cancel()
+
+
+def call_later(delay: float, func: Callable[[], Any]) -> Timer:
+    """Call ``func`` once after ``delay`` seconds, on the loop the engine runs on.
+
+    Scrapy >= 2.14's ``call_later`` (an asyncio timer under the asyncio
+    reactor or without a reactor, a Twisted ``DelayedCall`` otherwise);
+    ``reactor.callLater`` on Scrapy 2.13.
+    """
+    try:
+        from scrapy.utils.asyncio import call_later as scrapy_call_later
+    except ImportError:  # Scrapy 2.13
+        from twisted.internet import reactor
+
+        installed: Any = reactor
+        return _TwistedTimer(installed.callLater(max(0.0, delay), func))
+    return scrapy_call_later(max(0.0, delay), func)

@@ -12,7 +12,8 @@ the replay rule).
 Files under ``JOBDIR/banker/``:
 
 * ``snapshot.jsonl`` -- header (generation, topic state, directory after a
-  clean stop), fingerprints of completed requests, pending requests;
+  clean stop, the hosts' politeness states), fingerprints of completed
+  requests, pending requests;
 * ``journal-<generation>.jsonl`` -- records appended since that snapshot.
 
 Durability: each record is one unbuffered ``os.write``, so it is in the
@@ -31,7 +32,18 @@ and while crawling when the journal has as many records as the snapshot
 size of the state rather than by the crawl's length.
 
 Entries that cannot be written or read back are logged, counted and kept
-in ``JOBDIR/banker-deadletter.jsonl`` -- outside ``banker/``.
+in ``JOBDIR/banker-deadletter.jsonl`` -- outside ``banker/`` -- and so are
+requests given up on because their host kept refusing (``"when":
+"pushback"``, with the journal ``E`` record a requeue appends again: see
+:mod:`scrapy_banker.ops.jobdir_deadletters`).
+
+The hosts' politeness states (:class:`~scrapy_banker.core.politeness.Politeness`:
+``Retry-After`` blocks, backoff, Crawl-delay) are an optional ``"politeness"``
+field of the snapshot header, written at every compaction and restored at
+resume; a snapshot without it (an older version's) resumes with no state.
+They are wall-clock times, so a block promised before a stop is honoured
+after the resume.  A ``kill -9`` loses the changes since the last
+compaction (the host is asked again, and answers again).
 
 One process at a time: a crawl holds the advisory lock ``banker/lock``
 (``flock``, exclusive, never waited for) from :meth:`JobDir.restore` to
@@ -50,6 +62,7 @@ import errno
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -65,6 +78,7 @@ from scrapy_banker.core.journal import (
     parse_enqueue,
     seen_lines,
 )
+from scrapy_banker.core.politeness import HostState
 from scrapy_banker.scheduler.classifier import Classified
 from scrapy_banker.scheduler.serialize import MalformedPayload
 
@@ -79,6 +93,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_banker.core.politeness import Politeness
     from scrapy_banker.scheduler.queue import LocalQueue
     from scrapy_banker.scheduler.serialize import RequestCodec
 
@@ -240,6 +255,8 @@ class JobDir:
         #: Why :meth:`restore` failed (None: it did not): this object then writes nothing,
         #: not even at close -- the JOBDIR may be another crawl's.
         self._failed: str | None = None
+        #: The hosts' states, saved in every snapshot header and restored at resume.
+        self.politeness: Politeness | None = None
 
     def _check_writable(self) -> None:
         if self._failed is not None:
@@ -260,6 +277,32 @@ class JobDir:
         logger.error("Cannot persist %s to JOBDIR, it will not resume: %s", request, error)
         self._dead_letter({"url": request.url, "method": request.method, "error": error,
                            "when": "save"})  # fmt: skip
+
+    def dead_letter_refused(
+        self,
+        request: Request,
+        reason: str,
+        c: Classified,
+        priority: int,
+        fingerprint: str,
+        payload: str | None,
+        seq: int,
+    ) -> None:
+        """A request given up on because its host kept refusing: a requeueable letter.
+
+        ``"when": "pushback"``; ``payload`` is its journal ``E`` record (as a
+        resume would read it; ``seq`` is where it was journaled, -1 if it was
+        not) for ``scrapy banker deadletters --jobdir --requeue``.  Without a
+        payload (not serializable) the letter is listed, not requeueable.
+        """
+        logger.info("Dead-lettered %s in %s: %s", request, self.deadletter_path, reason)
+        record: dict[str, Any] = {"when": "pushback", "error": reason, "host": c.slot,
+                                  "url": request.url, "method": request.method}  # fmt: skip
+        if payload is not None:
+            record["payload"] = enqueue_line(
+                seq, fingerprint, c.topic, c.slot, c.key, c.key_hash, priority, payload
+            ).rstrip("\n")
+        self._dead_letter(record)
 
     def _write(self, data: bytes) -> None:
         """One ``os.write``: in the kernel (safe from ``kill -9``) when this returns."""
@@ -315,10 +358,46 @@ class JobDir:
     ) -> TextIO:
         """Start the next generation's snapshot beside the current one (header, seen set)."""
         out = open(self.snapshot_path + ".tmp", "w", encoding="utf-8", newline="")  # noqa: SIM115
-        out.write(header_line(self.generation + 1, max(self.next_seq, state.next_seq),
-                              len(state.live), len(state.done), topics, directory))  # fmt: skip
+        header = header_line(self.generation + 1, max(self.next_seq, state.next_seq),
+                             len(state.live), len(state.done), topics, directory)  # fmt: skip
+        out.write(self._with_politeness(header))
         out.writelines(seen_lines(state.done))
         return out
+
+    def _with_politeness(self, header: str) -> str:
+        """``header`` with the hosts' states as its ``"politeness"`` field (if any).
+
+        An optional field beside :func:`~scrapy_banker.core.journal.header_line`'s:
+        older versions ignore it, and a header without it means "no state".
+        """
+        states = None if self.politeness is None else self.politeness.to_json()
+        if not states:
+            return header
+        obj = json.loads(header)
+        obj["politeness"] = states
+        return json.dumps(obj, ensure_ascii=True, separators=(",", ":")) + "\n"
+
+    def _restore_politeness(self, raw: Any) -> None:
+        """Adopt the header's host states; a malformed field is reported and ignored."""
+        politeness = self.politeness
+        if politeness is None or raw is None:
+            return
+        try:
+            if not isinstance(raw, dict):
+                raise ValueError(f"expected an object, got {type(raw).__name__}")
+            states = {str(host): HostState.from_json(data) for host, data in raw.items()}
+        except ValueError as exc:
+            logger.warning("Ignoring the hosts' politeness states of %s: %s (the hosts are "
+                           "asked again as if new)", self.snapshot_path, exc)  # fmt: skip
+            return
+        for host, state in states.items():
+            politeness.put(host, state)
+        if states:
+            now = time.time()
+            blocked = [h for h, st in states.items() if st.blocked_until > now]
+            logger.info("Resumed the politeness state of %d hosts (%d still blocked by "
+                        "Retry-After or backoff%s)", len(states), len(blocked),
+                        f": {', '.join(sorted(blocked)[:5])}" if blocked else "")  # fmt: skip
 
     def _commit_snapshot(self, out: TextIO, state: JournalState) -> None:
         """``fsync`` it, swap it in, start its empty journal, delete the old one."""
@@ -396,6 +475,7 @@ class JobDir:
         self.next_seq = state.next_seq
         if header.get("topics"):
             queue.topics.restore(header["topics"])
+        self._restore_politeness(header.get("politeness"))
         exact = header.get("directory") is not None and not state.journal_records
         if exact:
             queue.directory = ExtendibleDirectory.from_state(header["directory"])

@@ -28,13 +28,14 @@ from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_banker.core.meta import META_SLOT
+from scrapy_banker.scheduler.classifier import Classified
 from scrapy_banker.scheduler.dupes import SeenURLs
 from scrapy_banker.scheduler.engine import requests_in_progress
 from scrapy_banker.scheduler.jobdir import JobDir
 from scrapy_banker.scheduler.serialize import UnserializableRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
@@ -44,9 +45,11 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_banker.core.frontier import Entry
-    from scrapy_banker.scheduler.classifier import Classified, Classifier
+    from scrapy_banker.core.politeness import HostState
+    from scrapy_banker.scheduler.classifier import Classifier
     from scrapy_banker.scheduler.downloader import DownloaderView
     from scrapy_banker.scheduler.gate import AdmissionGate
+    from scrapy_banker.scheduler.politeness import PolitenessGate
     from scrapy_banker.scheduler.queue import LocalQueue
     from scrapy_banker.scheduler.serialize import RequestCodec
     from scrapy_banker.settings import BankerConfig
@@ -66,6 +69,11 @@ class SchedulerParts:
     downloader: DownloaderView
     classifier: Classifier
     queue: LocalQueue
+    #: Per-host pushback, Crawl-delay and throttle state, and the gate holding it.
+    #: A store that takes hosts over adopts their states with
+    #: ``politeness.adopt(states)``; :class:`MemoryStore` saves
+    #: ``politeness.politeness`` in the JOBDIR snapshot.
+    politeness: PolitenessGate
     codec: RequestCodec
     #: None unless ``BANKER_RESOURCES`` is set.
     gate: AdmissionGate | None = None
@@ -109,6 +117,29 @@ class RequestStore(Protocol):
     def __len__(self) -> int:
         """Requests the store holds outside the local queue."""
 
+    # -- politeness (issue #26); optional: the scheduler falls back when a store lacks them --
+
+    def politeness_changed(self, changed: Mapping[str, HostState]) -> None:
+        """Host states that changed since the last call (``Politeness.take_changed()``).
+
+        Called by the scheduler about once a second while it is polled, and
+        at close -- never per request -- so a fleet store can publish them
+        with the host (its partition) in one round trip.  A store that takes
+        hosts over adopts their states the other way, through
+        ``parts.politeness.adopt(states)``.  Without this method the
+        scheduler does nothing with the changes.
+        """
+
+    def dead_letter(self, request: Request, reason: str, entry: Entry[Request] | None) -> None:
+        """Keep a request the crawl gives up on (its host refused past the cap) for requeueing.
+
+        ``entry``: the request was popped from the local queue and is never
+        dispatched (after :meth:`keep`); None: it was dispatched and its
+        response is the last refusal (it ends through the engine as usual).
+        Without this method the scheduler logs the request (never silently
+        drops it) and does not drain a given-up host's queued requests.
+        """
+
 
 class MemoryStore:
     """Scrapy's dupefilter and the local queue; a crash-safe JSON journal with ``JOBDIR``.
@@ -140,6 +171,9 @@ class MemoryStore:
         self.jobdir = (
             None if not jobdir else JobDir(jobdir, parts.codec, parts.stats, self._fingerprint)
         )
+        if self.jobdir is not None:
+            # Saved in the snapshot header at every compaction, restored at resume.
+            self.jobdir.politeness = parts.politeness.politeness
         self.spider: Spider | None = None
         # Requests that cannot be written to JOBDIR: dequeued from "memory".
         self._memory_only: set[Request] = set()
@@ -327,6 +361,45 @@ class MemoryStore:
 
     def __len__(self) -> int:
         return 0
+
+    def politeness_changed(self, changed: Mapping[str, HostState]) -> None:
+        pass  # the JOBDIR snapshot reads the states themselves when it is written
+
+    def dead_letter(self, request: Request, reason: str, entry: Entry[Request] | None) -> None:
+        """JOBDIR: a ``pushback`` letter (:meth:`JobDir.dead_letter_refused`); else the log.
+
+        A popped entry's journal record is marked done after its letter is
+        written, so the next resume does not queue it too.
+        """
+        jobdir = self.jobdir
+        seq = None
+        if entry is not None:
+            seq = self._popped.pop(request, None)
+        elif jobdir is not None:
+            seq = self._inflight.get(request)
+        if jobdir is None:
+            logger.warning("Dead letter (%s), not kept (no JOBDIR): %s %s",
+                           reason, request.method, request.url)  # fmt: skip
+            return
+        if entry is not None:
+            c = Classified(entry.topic, entry.slot, entry.key, entry.key_hash)
+            priority = entry.priority
+        else:
+            c = self.parts.classifier.classify(request)
+            priority = request.priority
+        copy = request.replace()
+        copy.meta.pop(META_SLOT, None)  # its dispatch here, as put() drops it
+        try:
+            payload: str | None = self.parts.codec.encode(copy, self.spider)
+        except UnserializableRequest as exc:
+            payload = None
+            reason = f"{reason}; not serializable to JSON ({exc}): it cannot be requeued"
+            self._memory_only.discard(request)
+        fp = "" if request.dont_filter else self._fingerprint(request)
+        jobdir.dead_letter_refused(request, reason, c, priority, fp, payload,
+                                   -1 if seq is None else seq)  # fmt: skip
+        if entry is not None and seq is not None:
+            jobdir.done([seq])
 
 
 def _hex_fingerprint(fingerprinter: Any) -> Callable[[Request], str]:

@@ -1,0 +1,293 @@
+"""The politeness gate: server pushback held by the frontier, not retried at once.
+
+A server answering ``429 Too Many Requests`` or ``503`` (the codes of
+:setting:`BANKER_PUSHBACK_CODES`) is asking the crawler to slow down.
+Scrapy's ``RetryMiddleware`` retries such a request at once; this part of
+:class:`~scrapy_banker.scheduler.BankerScheduler` keeps a per-host
+:class:`~scrapy_banker.core.politeness.Politeness` instead and holds the
+host's requests in the frontier until the host is ready:
+
+* **The gate** (:meth:`PolitenessGate.is_free`) is the room check the local
+  queue asks before it pops a lane: a download slot whose host is blocked
+  (``Retry-After``, or the adaptive backoff) or whose minimum interval has
+  not elapsed (Crawl-delay, AutoThrottle's delay) has no room, whatever the
+  downloader says.  Its lanes are parked on the slot exactly like the lanes
+  of a full slot, so a blocked host costs nothing per pop.
+* **The wake-up**: the gate remembers when each refused slot is ready and
+  keeps one reactor timer (``call_later``) for the earliest of them.  When it
+  fires, :attr:`PolitenessGate.on_ready` (the scheduler) frees the slots'
+  lanes and wakes the engine -- no polling, and no waiting for the engine's
+  5 s heartbeat.
+* **The response side** (:meth:`PolitenessGate.response`, called by
+  :class:`~scrapy_banker.middlewares.BankerDownloaderMiddleware` before
+  ``RetryMiddleware`` sees the response): a pushback status blocks the host
+  and the request is *put back* -- a copy (``dont_filter=True``, same meta,
+  priority and callback) the engine schedules again -- not retried:
+  ``retry_times`` is untouched.  Past
+  :setting:`BANKER_PUSHBACK_MAX_REFUSALS` the host is reported once and its
+  requests are dead-lettered instead (the refused one, and every queued one
+  as the frontier reaches it: they are never sent), through the store's
+  ``dead_letter`` (``JOBDIR/banker-deadletter.jsonl``, requeueable with
+  ``scrapy banker deadletters --jobdir DIR --requeue``).
+
+Every other response counts as a success (the refusal count decays); with
+AutoThrottle on, its slot delay is recorded as the host's throttle delay, so
+it can travel with the host on a fleet.
+
+Politeness is keyed by download slot -- the key the frontier's lanes use,
+the host name unless ``meta["download_slot"]`` or the downloader says
+otherwise.  Times are wall-clock (``time.time()``): a ``Retry-After``
+promised before a stop is still honoured after a resume (the states are in
+the JOBDIR snapshot) or on another worker.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from scrapy.exceptions import IgnoreRequest
+
+from scrapy_banker.core.meta import META_SLOT
+from scrapy_banker.core.politeness import HostState, Politeness, parse_retry_after
+from scrapy_banker.scheduler.engine import Timer, call_later
+
+if TYPE_CHECKING:
+    import random
+
+    from scrapy import Request
+    from scrapy.http import Response
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_banker.settings import BankerConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PolitenessGate"]
+
+
+def _nothing(slots: list[str]) -> None:
+    pass
+
+
+def _log_dead_letter(request: Request, reason: str) -> None:
+    logger.warning("Dead letter (%s), not kept anywhere else: %s %s",
+                   reason, request.method, request.url)  # fmt: skip
+
+
+class PolitenessGate:
+    """Hold hosts that pushed back; put their refused requests back; dead-letter past the cap.
+
+    ``room`` is the downloader's own room check
+    (:meth:`~scrapy_banker.scheduler.downloader.DownloaderView.is_free`);
+    :meth:`is_free` is what the local queue asks instead.  ``clock`` (wall
+    time) and ``schedule`` (a one-shot timer) are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        config: BankerConfig,
+        stats: StatsCollector,
+        room: Callable[[str], bool],
+        *,
+        autothrottle: bool = False,
+        clock: Callable[[], float] = time.time,
+        schedule: Callable[[float, Callable[[], Any]], Timer] = call_later,
+        rng: random.Random | None = None,
+    ) -> None:
+        #: The per-host states (``BankerScheduler.politeness``).
+        self.politeness = Politeness(config.politeness(), rng)
+        #: False (``BANKER_PUSHBACK``): responses are left alone, as with Scrapy.
+        self.enabled = config.pushback
+        self.codes = config.pushback_codes
+        self.stats = stats
+        self.room = room
+        #: Record AutoThrottle's slot delay as the host's throttle delay.
+        self.autothrottle = autothrottle
+        self.clock = clock
+        self.schedule = schedule
+        #: Called with the slots whose wait is over: the scheduler frees their
+        #: lanes and wakes the engine.
+        self.on_ready: Callable[[list[str]], None] = _nothing
+        #: Keeps a request given up on (its reason); the scheduler sets it to its
+        #: store's ``dead_letter``.  The default only logs.
+        self.dead_letter: Callable[[Request, str], None] = _log_dead_letter
+        #: Whether queued requests of a given-up host are dead-lettered as the
+        #: frontier reaches them (the scheduler sets it when its store can).
+        self.drain = False
+        #: Hosts past ``max_refusals``, reported once each.
+        self.given_up: set[str] = set()
+        self._hosts = self.politeness.hosts  # the same dict, mutated in place
+        self._heap: list[tuple[float, str]] = []
+        #: Slot -> the wall time it is to be woken at (at most one live wake per slot).
+        self._armed: dict[str, float] = {}
+        self._timer: Timer | None = None
+        self._timer_at = math.inf
+        self.wakeups = 0
+
+    # -- the gate --------------------------------------------------------------------
+
+    def is_free(self, slot: str) -> bool:
+        """May a request of ``slot`` leave now?  The local queue's room check.
+
+        False while the host is blocked or its interval has not elapsed (a
+        wake-up is then armed for the moment it is ready), else the
+        downloader's answer.  A host being drained is free: its requests are
+        dead-lettered when popped, never sent.
+        """
+        given_up = self.given_up
+        if given_up and self.drain and slot in given_up:
+            return True
+        hosts = self._hosts
+        if hosts:
+            state = hosts.get(slot)
+            if state is not None:
+                at = state.ready_at()
+                if at > self.clock():
+                    self._hold(slot, at)
+                    return False
+        return self.room(slot)
+
+    def draining(self, slot: str) -> bool:
+        """Is a popped request of ``slot`` to be dead-lettered instead of sent?"""
+        return self.drain and slot in self.given_up
+
+    def dispatched(self, slot: str) -> None:
+        """A request of ``slot`` leaves: the start of the host's next interval."""
+        hosts = self._hosts
+        if hosts and slot in hosts:
+            self.politeness.sent(slot, self.clock())
+
+    def adopt(self, states: Mapping[str, HostState]) -> None:
+        """Take over hosts' states (a store that became their owner); their lanes re-check.
+
+        Not reported back by ``take_changed``: the states came from where
+        they are kept.
+        """
+        for host, state in states.items():
+            self.politeness.put(host, state)
+        if states:
+            self.on_ready(list(states))
+
+    # -- wake-ups ------------------------------------------------------------------------
+
+    def _hold(self, slot: str, at: float) -> None:
+        armed = self._armed.get(slot)
+        if armed is not None and armed <= at:
+            return  # woken earlier anyway: it re-checks then
+        self._armed[slot] = at
+        heapq.heappush(self._heap, (at, slot))
+        if at < self._timer_at:
+            self._arm(at)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self.schedule(max(0.0, at - self.clock()), self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        now = self.clock()
+        heap, armed = self._heap, self._armed
+        ready = []
+        while heap and heap[0][0] <= now:
+            at, slot = heapq.heappop(heap)
+            if armed.get(slot) == at:
+                del armed[slot]
+                ready.append(slot)
+        while heap and armed.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # superseded by an earlier wake of the same slot
+        if heap:
+            self._arm(heap[0][0])
+        if ready:
+            self.wakeups += len(ready)
+            self.on_ready(ready)
+
+    @property
+    def next_wake(self) -> float | None:
+        """Wall time of the next armed wake-up (None: none)."""
+        return None if self._timer is None else self._timer_at
+
+    # -- responses ---------------------------------------------------------------------------
+
+    def response(
+        self, request: Request, response: Response, slot: str, throttle_delay: float | None
+    ) -> Response | Request:
+        """What the engine gets instead of ``response``: itself, or the request to put back.
+
+        Raises ``IgnoreRequest`` for a request dead-lettered because its host
+        gave up (its errback sees it; Scrapy does not log it as an error).
+        ``throttle_delay``: AutoThrottle's delay of the slot now (None: off).
+        """
+        politeness = self.politeness
+        if throttle_delay is not None:
+            politeness.throttle(slot, throttle_delay)
+        status = response.status
+        if status not in self.codes:
+            if self._hosts:
+                politeness.succeeded(slot)
+                if self.given_up and slot in self.given_up and not politeness.gave_up(slot):
+                    self.given_up.discard(slot)
+                    logger.info("Host %s answers again: its requests are sent again", slot)
+            return response
+        now = self.clock()
+        retry_after = parse_retry_after(response.headers.get(b"Retry-After"), now)
+        state = politeness.refused(slot, now, retry_after, coalesce=True)
+        stats = self.stats
+        stats.inc_value("banker/pushback/refused")
+        if retry_after is not None:
+            stats.inc_value("banker/pushback/retry_after")
+        meta = request.meta
+        if META_SLOT not in meta or meta.get("dont_retry") or _handles(meta, status):
+            # Not this scheduler's (engine.download) or the spider's to handle:
+            # the response goes on; the host is blocked all the same.
+            stats.inc_value("banker/pushback/passed_on")
+            return response
+        if politeness.gave_up(slot):
+            reason = f"pushback: {slot} refused {state.refusals} times"
+            self._give_up(slot, state, status)
+            self.dead_letter(request, reason)
+            stats.inc_value("banker/pushback/dead_lettered")
+            raise IgnoreRequest(reason)
+        stats.inc_value("banker/pushback/requeued")
+        return request.replace(dont_filter=True)
+
+    def _give_up(self, slot: str, state: HostState, status: int) -> None:
+        if slot in self.given_up:
+            return
+        self.given_up.add(slot)
+        self.stats.inc_value("banker/pushback/hosts_given_up")
+        logger.warning(
+            "Host %s refused %d times in a row (last: HTTP %d); its requests are "
+            "dead-lettered instead of being put back%s (BANKER_PUSHBACK_MAX_REFUSALS=%d)",
+            slot, state.refusals, status,
+            ", queued ones included" if self.drain else "",
+            self.politeness.config.max_refusals,
+        )  # fmt: skip
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel the wake-up timer; publish what is still held."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+        now = self.clock()
+        blocked = sum(1 for s in self._hosts.values() if s.blocked_until > now)
+        if blocked:
+            self.stats.set_value("banker/pushback/blocked_hosts", blocked)
+        if self.wakeups:
+            self.stats.set_value("banker/pushback/wakeups", self.wakeups)
+
+
+def _handles(meta: Mapping[str, Any], status: int) -> bool:
+    """Does the request ask to receive this status itself (Scrapy's HttpError meta keys)?"""
+    if meta.get("handle_httpstatus_all"):
+        return True
+    codes: Any = meta.get("handle_httpstatus_list")
+    return bool(codes) and status in codes

@@ -1,0 +1,447 @@
+"""Server pushback held by the frontier on one node (issue #26).
+
+In process (not slow): the gate (a blocked host's lanes parked, woken by one
+timer at the ready time), the response side (a 429/503 blocks the host and
+the request is put back, not retried), the backoff, giving up (dead letters,
+JOBDIR letters the requeue command reads back), the JOBDIR snapshot's host
+states, the settings.
+
+Real crawls (slow) against a small server of this module that answers what
+each test scripts per host and logs every request with its arrival time:
+no request reaches a host before its Retry-After, nothing is lost, retry
+counters stay untouched, with RetryMiddleware and AutoThrottle on or off;
+``BANKER_PUSHBACK=False`` is Scrapy's behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from scrapy import Request, Spider
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Response
+from scrapy.utils.test import get_crawler
+
+from scrapy_banker.core.politeness import HostState
+from scrapy_banker.middlewares import BankerDownloaderMiddleware
+from scrapy_banker.ops import jobdir_deadletters as dl
+from scrapy_banker.scheduler import BankerScheduler
+from scrapy_banker.scheduler.jobdir import SNAPSHOT, replay
+from scrapy_banker.settings import load_config
+
+T0 = 1_800_000_000.0
+
+
+# -- in process: a scheduler with a fake downloader, a fake clock and fake timers ---------
+
+
+class FakeSlot:
+    def __init__(self, concurrency: int) -> None:
+        self.active: set[Request] = set()
+        self.transferring: set[Request] = set()
+        self.queue: list[Any] = []
+        self.concurrency = concurrency
+        self.delay = 0.0
+
+
+class FakeDownloader:
+    def __init__(self, concurrency: int = 2) -> None:
+        self.slots: dict[str, FakeSlot] = {}
+        self.active: set[Request] = set()
+        self.concurrency = concurrency
+
+    def get_slot_key(self, request: Request) -> str:
+        return request.meta.get("download_slot") or urlsplit(request.url).hostname or ""
+
+
+class Clock:
+    """Wall time the gate reads, and the timers it arms (fired by :meth:`advance`)."""
+
+    def __init__(self) -> None:
+        self.now = T0
+        self.timers: list[Timer] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def schedule(self, delay: float, func: Callable[[], Any]) -> Timer:
+        timer = Timer(self.now + delay, func)
+        self.timers.append(timer)
+        return timer
+
+    @property
+    def armed(self) -> list[float]:
+        return sorted(t.at for t in self.timers if not t.cancelled)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        while due := [t for t in self.timers if not t.cancelled and t.at <= self.now]:
+            for timer in due:
+                self.timers.remove(timer)
+                timer.func()
+
+
+@dataclass
+class Timer:
+    at: float
+    func: Callable[[], Any]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class PoliteSpider(Spider):
+    name = "polite"
+
+    def parse_page(self, response: Any) -> None:
+        pass
+
+
+def _open(settings: dict[str, Any] | None = None, *, job: Path | None = None) -> Any:
+    """An open scheduler on a fake downloader; ``scheduler.clock_`` drives its gate."""
+    settings = dict(settings or {})
+    if job is not None:
+        settings["JOBDIR"] = str(job)
+    crawler = get_crawler(PoliteSpider, settings)
+    crawler.spider = PoliteSpider.from_crawler(crawler)
+    crawler.engine = SimpleNamespace(
+        downloader=FakeDownloader(), _slot=SimpleNamespace(inprogress=set())
+    )
+    scheduler = crawler.engine.scheduler = BankerScheduler.from_crawler(crawler)
+    clock = Clock()
+    gate = scheduler.politeness_gate
+    gate.clock, gate.schedule = clock, clock.schedule
+    gate.politeness._rng = random.Random(7)
+    scheduler.clock_ = clock
+    woken: list[int] = []
+    crawler.engine._slot.nextcall = SimpleNamespace(schedule=lambda: woken.append(1))
+    scheduler.woken = woken
+    scheduler.open(crawler.spider)
+    return scheduler
+
+
+def _next(scheduler: Any) -> list[str]:
+    """Everything the scheduler hands out now, each request ended at once."""
+    out = []
+    while (request := scheduler.next_request()) is not None:
+        out.append(request.url)
+        scheduler.release(request, "response")
+    return out
+
+
+def _respond(scheduler: Any, request: Request, status: int, **headers: str) -> Any:
+    """What BankerDownloaderMiddleware returns for a response of ``status``."""
+    mw = BankerDownloaderMiddleware(scheduler.crawler)
+    request.meta.setdefault("download_slot", urlsplit(request.url).hostname)
+    response = Response(request.url, status=status, headers=headers, request=request)
+    return mw.process_response(request, response)
+
+
+def _dispatch(scheduler: Any, url: str) -> Request:
+    scheduler.enqueue_request(Request(url, callback=scheduler.spider.parse_page))
+    request = scheduler.next_request()
+    assert request is not None and request.url == url
+    return request
+
+
+def test_a_blocked_host_is_held_and_woken_by_one_timer_at_its_ready_time() -> None:
+    s = _open()
+    clock = s.clock_
+    for url in ("http://a.test/1", "http://a.test/2", "http://b.test/1"):
+        s.enqueue_request(Request(url))
+    s.politeness.refused("a.test", clock.now, 30.0)
+    assert _next(s) == ["http://b.test/1"]
+    assert clock.armed == [T0 + 30]  # one timer, armed when the lane was parked
+    assert _next(s) == []  # polled again: no new timer, nothing sent
+    assert clock.armed == [T0 + 30] and s.woken == []
+    clock.advance(29.9)
+    assert s.woken == [] and _next(s) == []
+    clock.advance(0.1)
+    assert s.woken == [1]  # the engine is woken at once, not at its heartbeat
+    assert _next(s) == ["http://a.test/1", "http://a.test/2"]
+    s.close("finished")
+    assert s.stats.get_value("banker/pushback/wakeups") == 1
+
+
+def test_the_earliest_ready_host_re_arms_the_timer_and_an_interval_spaces_requests() -> None:
+    s = _open()
+    clock = s.clock_
+    for url in ("http://a.test/1", "http://b.test/1", "http://c.test/1", "http://c.test/2"):
+        s.enqueue_request(Request(url))
+    s.politeness.refused("a.test", clock.now, 60.0)
+    s.politeness.refused("b.test", clock.now, 10.0)
+    s.politeness.crawl_delay("c.test", 5.0)
+    assert _next(s) == ["http://c.test/1"]  # c.test's interval starts now
+    assert clock.armed == [T0 + 5]  # c at 5 (b at 10 and a at 60 wait in the heap)
+    clock.advance(5)
+    assert _next(s) == ["http://c.test/2"]
+    clock.advance(5)
+    assert _next(s) == ["http://b.test/1"]
+    clock.advance(50)
+    assert _next(s) == ["http://a.test/1"]
+    assert s.politeness.get("c.test").last_sent == T0 + 5
+
+
+def test_a_429_blocks_its_host_and_the_request_is_put_back_not_retried() -> None:
+    s = _open()
+    clock = s.clock_
+    request = _dispatch(s, "http://a.test/page")
+    request.meta["retry_times"] = 1  # whatever RetryMiddleware counted before
+    back = _respond(s, request, 429, **{"Retry-After": "120"})
+    assert isinstance(back, Request) and back is not request
+    assert back.dont_filter and back.url == request.url
+    assert back.callback == s.spider.parse_page and back.meta["retry_times"] == 1
+    assert s.politeness.get("a.test").blocked_until == T0 + 120
+    assert s.enqueue_request(back)  # what the engine does with it
+    assert _next(s) == []
+    clock.advance(120)
+    assert _next(s) == ["http://a.test/page"]
+    stats = s.stats.get_stats()
+    assert stats["banker/pushback/refused"] == stats["banker/pushback/requeued"] == 1
+    assert stats["banker/pushback/retry_after"] == 1
+    assert "retry/count" not in stats
+
+
+def test_headerless_refusals_back_off_exponentially_and_decay_on_success() -> None:
+    s = _open({"BANKER_PUSHBACK_BACKOFF": 1.0, "BANKER_PUSHBACK_BACKOFF_MAX": 100.0})
+    clock = s.clock_
+    waits = []
+    request = _dispatch(s, "http://a.test/x")
+    for _ in range(4):
+        back = _respond(s, request, 503)
+        assert isinstance(back, Request) and s.enqueue_request(back)
+        waits.append(s.politeness.get("a.test").blocked_until - clock.now)
+        assert s.next_request() is None
+        clock.advance(waits[-1])
+        request = s.next_request()
+        assert request is not None and request.url == "http://a.test/x"
+    assert isinstance(_respond(s, request, 200), Response)
+    for i, wait in enumerate(waits):
+        assert 0.75 * 2**i <= wait <= 1.25 * 2**i, waits
+    assert s.politeness.get("a.test").refusals == 2  # 4, halved: the backoff decays
+    assert s.stats.get_value("banker/pushback/requeued") == 4
+
+
+def test_answers_of_requests_in_flight_when_the_block_began_count_once() -> None:
+    s = _open({"CONCURRENT_REQUESTS_PER_DOMAIN": 4})
+    s.crawler.engine.downloader.concurrency = 4
+    inflight = [_dispatch(s, f"http://a.test/{i}") for i in range(3)]
+    for request in inflight:
+        assert isinstance(_respond(s, request, 429), Request)
+    assert s.politeness.get("a.test").refusals == 1
+    assert s.stats.get_value("banker/pushback/refused") == 3
+
+
+def test_a_response_not_to_put_back_goes_on_but_its_host_is_blocked_all_the_same() -> None:
+    s = _open()
+    foreign = Request("http://a.test/robots.txt")  # engine.download: never scheduled
+    assert isinstance(_respond(s, foreign, 503, **{"Retry-After": "9"}), Response)
+    own = _dispatch(s, "http://b.test/x")
+    own.meta["dont_retry"] = True
+    assert isinstance(_respond(s, own, 429), Response)
+    handled = _dispatch(s, "http://c.test/x")
+    handled.meta["handle_httpstatus_list"] = [429]
+    assert isinstance(_respond(s, handled, 429), Response)
+    assert all(s.politeness.blocked(h, T0) for h in ("a.test", "b.test", "c.test"))
+    assert s.stats.get_value("banker/pushback/passed_on") == 3
+    assert s.stats.get_value("banker/pushback/requeued") is None
+
+
+def test_pushback_off_is_scrapys_behaviour_and_other_codes_are_not_pushback() -> None:
+    off = _open({"BANKER_PUSHBACK": False})
+    request = _dispatch(off, "http://a.test/x")
+    assert isinstance(_respond(off, request, 429, **{"Retry-After": "60"}), Response)
+    assert off.politeness.hosts == {} and off.stats.get_value("banker/pushback/refused") is None
+    on = _open({"BANKER_PUSHBACK_CODES": [503]})
+    assert isinstance(_respond(on, _dispatch(on, "http://a.test/x"), 429), Response)
+    assert isinstance(_respond(on, _dispatch(on, "http://b.test/x"), 503), Request)
+    assert list(on.politeness.hosts) == ["b.test"]
+
+
+def test_autothrottles_delay_is_recorded_as_the_hosts_throttle_delay() -> None:
+    s = _open({"AUTOTHROTTLE_ENABLED": True})
+    request = _dispatch(s, "http://a.test/x")
+    s.crawler.engine.downloader.slots["a.test"] = slot = FakeSlot(2)
+    slot.delay = 3.5
+    _respond(s, request, 200)
+    assert s.politeness.get("a.test").throttle_delay == 3.5
+    assert s.politeness.take_changed() == {"a.test": s.politeness.get("a.test")}
+    off = _open()
+    off.crawler.engine.downloader.slots["a.test"] = slot
+    _respond(off, _dispatch(off, "http://a.test/x"), 200)
+    assert off.politeness.hosts == {}
+
+
+def test_a_host_refusing_past_the_cap_is_reported_once_and_drained_without_jobdir(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = _open({"BANKER_PUSHBACK_MAX_REFUSALS": 2, "BANKER_PUSHBACK_BACKOFF": 1.0})
+    clock = s.clock_
+    first = _dispatch(s, "http://a.test/0")
+    for i in range(1, 4):
+        s.enqueue_request(Request(f"http://a.test/{i}"))
+    s.enqueue_request(Request("http://b.test/0"))
+    assert isinstance(_respond(s, first, 429), Request)
+    s.release(first, "response")
+    clock.advance(10)
+    second = s.next_request()
+    assert second.url == "http://a.test/1"
+    with caplog.at_level("INFO"):
+        with pytest.raises(IgnoreRequest, match=r"pushback: a\.test refused 2 times"):
+            _respond(s, second, 429)
+        s.release(second, "response")
+        # The queued ones are dead-lettered as the frontier reaches them: never sent.
+        assert _next(s) == ["http://b.test/0"]
+    assert caplog.text.count("refused 2 times in a row") == 1
+    lost = [r.getMessage() for r in caplog.records if "not kept (no JOBDIR)" in r.getMessage()]
+    assert len(lost) == 3 and all("http://a.test/" in m for m in lost)
+    assert s.stats.get_value("banker/pushback/dead_lettered") == 3
+    assert s.stats.get_value("banker/pushback/hosts_given_up") == 1
+    assert len(s) == 0 and not s.has_pending_requests()
+
+
+def test_dead_letters_in_jobdir_are_requeued_by_the_command_and_fetched_on_resume(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job"
+    settings = {"BANKER_PUSHBACK_MAX_REFUSALS": 1}
+    s = _open(settings, job=job)
+    refused = _dispatch(s, "http://a.test/0")
+    s.enqueue_request(Request("http://a.test/1", priority=5, callback=s.spider.parse_page))
+    s.enqueue_request(Request("http://b.test/0"))
+    with pytest.raises(IgnoreRequest):
+        _respond(s, refused, 429, **{"Retry-After": "1"})
+    s.release(refused, "response")
+    assert _next(s) == ["http://b.test/0"]
+    s.store.refill(0.0)  # the engine is done with both
+    s.close("finished")
+    letters = dl.list_letters(str(job))
+    assert [(d.when, d.url, d.requeueable) for d in letters] == [
+        ("pushback", "http://a.test/0", True), ("pushback", "http://a.test/1", True)]  # fmt: skip
+    assert letters[0].error == "pushback: a.test refused 1 times"
+    assert letters[1].error == "pushback: a.test refused 1 times (not sent)"
+    assert letters[1].priority == 5 and letters[1].callback == "parse_page"
+    state, _ = replay(str(job / "banker"))
+    assert state.live == {}  # nothing pending: a resume does not fetch them too
+    outcome = dl.requeue(str(job), None)
+    assert len(outcome.plan.requeued) == 2 and outcome.left == 0
+
+    resumed = _open(settings, job=job)
+    assert resumed.stats.get_value("banker/jobdir/restored") == 2
+    resumed.clock_.now = T0 + 2  # past the Retry-After promised before the stop
+    got = []
+    while (request := resumed.next_request()) is not None:
+        got.append((request.url, request.priority))
+        resumed.release(request, "response")
+    assert got == [("http://a.test/1", 5), ("http://a.test/0", 0)]
+    resumed.close("finished")
+
+
+def test_host_states_persist_in_the_jobdir_snapshot_and_a_block_holds_after_resume(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job"
+    s = _open(job=job)
+    s.enqueue_request(Request("http://a.test/x"))
+    now = time.time()
+    s.politeness.refused("a.test", now, 300.0)
+    s.politeness.crawl_delay("b.test", 4.0)
+    s.close("shutdown")
+    header = json.loads((job / "banker" / SNAPSHOT).read_text().splitlines()[0])
+    assert header["politeness"]["a.test"]["blocked_until"] == pytest.approx(now + 300)
+    assert header["politeness"]["b.test"] == {"crawl_delay": 4.0}
+
+    resumed = _open(job=job)
+    resumed.clock_.now = now + 1
+    assert resumed.politeness.get("a.test").blocked_until == pytest.approx(now + 300)
+    assert _next(resumed) == []  # the block promised before the stop holds
+    resumed.clock_.advance(300)
+    assert _next(resumed) == ["http://a.test/x"]
+    resumed.close("finished")
+
+    # An older snapshot without the field resumes with no state.
+    lines = (job / "banker" / SNAPSHOT).read_text().splitlines(keepends=True)
+    old = json.loads(lines[0])
+    old.pop("politeness", None)
+    lines[0] = json.dumps(old, separators=(",", ":")) + "\n"
+    (job / "banker" / SNAPSHOT).write_text("".join(lines))
+    again = _open(job=job)
+    assert again.politeness.hosts == {}
+    again.close("finished")
+
+
+def test_a_malformed_politeness_field_is_ignored_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = tmp_path / "job"
+    s = _open(job=job)
+    s.politeness.refused("a.test", time.time(), 300.0)
+    s.close("shutdown")
+    path = job / "banker" / SNAPSHOT
+    lines = path.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["politeness"]["a.test"]["blocked_until"] = "soon"
+    path.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    resumed = _open(job=job)
+    assert resumed.politeness.hosts == {}
+    assert "Ignoring the hosts' politeness states" in caplog.text
+    resumed.close("finished")
+
+
+def test_the_store_hears_of_changed_states_about_once_a_second_and_at_close() -> None:
+    s = _open()
+    heard: list[dict[str, HostState]] = []
+    s._politeness_changed = lambda changed: heard.append(dict(changed))
+    s.politeness.refused("a.test", T0, 5.0)
+    s.next_request()  # the first poll hands them over
+    s.politeness.crawl_delay("b.test", 1.0)
+    s.next_request()  # within the second: not yet
+    assert [set(h) for h in heard] == [{"a.test"}]
+    s.close("finished")
+    assert [set(h) for h in heard] == [{"a.test"}, {"b.test"}]
+    # adopt(): a store taking hosts over; their lanes re-check at once.
+    t = _open()
+    t.enqueue_request(Request("http://a.test/x"))
+    t.politeness.refused("a.test", T0, 60.0)
+    assert _next(t) == []
+    t.politeness_gate.adopt({"a.test": HostState()})
+    assert t.politeness.take_changed() == {}  # not reported back where it came from
+    assert _next(t) == ["http://a.test/x"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"BANKER_PUSHBACK_CODES": []}, r"BANKER_PUSHBACK_CODES=\[\]: expected at least one"),
+        ({"BANKER_PUSHBACK_CODES": [42]}, r"42 is not an HTTP status code"),
+        ({"BANKER_PUSHBACK_CODES": 429}, r"expected a list of HTTP status codes"),
+        ({"BANKER_PUSHBACK_BACKOFF": 0}, r"BANKER_PUSHBACK_BACKOFF=0: expected a finite number"),
+        ({"BANKER_PUSHBACK_BACKOFF_MAX": 1}, r"must be >= BANKER_PUSHBACK_BACKOFF \(2.0\)"),
+        ({"BANKER_PUSHBACK_MAX_REFUSALS": 0}, r"expected an integer >= 1"),
+        ({"BANKER_CRAWL_DELAY_MAX": -1}, r"BANKER_CRAWL_DELAY_MAX=-1"),
+        ({"BANKER_PUSHBACK": "maybe"}, r"BANKER_PUSHBACK='maybe': expected a boolean"),
+    ],
+)
+def test_bad_settings_are_refused_with_their_name(settings: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load_config(settings)
+
+
+def test_settings_give_the_politeness_constants() -> None:
+    config = load_config({"BANKER_PUSHBACK_CODES": "429, 500", "BANKER_PUSHBACK_BACKOFF": 1,
+                          "BANKER_PUSHBACK_BACKOFF_MAX": 30, "BANKER_PUSHBACK_MAX_REFUSALS": 3,
+                          "BANKER_CRAWL_DELAY_MAX": 10})  # fmt: skip
+    pc = config.politeness()
+    assert (pc.codes, pc.backoff_base_s, pc.backoff_max_s, pc.max_refusals,
+            pc.crawl_delay_max_s) == (frozenset({429, 500}), 1.0, 30.0, 3, 10.0)  # fmt: skip
+    assert load_config({"BANKER_PUSHBACK_CODES": "[503]"}).pushback_codes == frozenset({503})

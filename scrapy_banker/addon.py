@@ -25,7 +25,16 @@ SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
 DOWNLOADER_MIDDLEWARES = {
     "scrapy_banker.middlewares.BankerDownloaderMiddleware": 860,
     "scrapy_banker.scheduler.netaware.NetworkMeasureMiddleware": 865,
+    # After every other one (HttpCacheMiddleware is 900): a fleet worker's
+    # lease is checked at the last moment before the request is sent.
+    "scrapy_banker.redis.fence.LeaseFenceMiddleware": 990,
 }
+#: Scrapy's robots.txt middleware and ours (Crawl-delay applied, robots.txt
+#: fetched once per fleet), put in its place unless the project names either.
+ROBOTSTXT_MIDDLEWARES = (
+    "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware",
+    "scrapy_banker.scheduler.robots.BankerRobotsTxtMiddleware",
+)
 #: The operator's view (metrics, progress, time series) raises a bare
 #: NotConfigured while its setting is off: listed here, it costs nothing then.
 EXTENSIONS = {
@@ -63,3 +72,19 @@ class Addon:
         ):
             for cls, order in components.items():
                 settings.setdefault_in_component_priority_dict(name, load_object(cls), order)
+        _swap_robotstxt(settings)
+
+
+def _swap_robotstxt(settings: Settings) -> None:
+    """Our robots.txt middleware at Scrapy's order, Scrapy's off (it is NotConfigured
+    without ``ROBOTSTXT_OBEY``); a project that names either keeps its choice."""
+    scrapy_cls, banker_cls = map(load_object, ROBOTSTXT_MIDDLEWARES)
+    components = settings.getdict("DOWNLOADER_MIDDLEWARES")
+    if any(load_object(c) in (scrapy_cls, banker_cls) for c in components):
+        return
+    order = settings.getdict("DOWNLOADER_MIDDLEWARES_BASE").get(ROBOTSTXT_MIDDLEWARES[0], 100)
+    components[scrapy_cls] = None
+    components[banker_cls] = order
+    settings.set(
+        "DOWNLOADER_MIDDLEWARES", components, settings.getpriority("DOWNLOADER_MIDDLEWARES") or 0
+    )

@@ -11,6 +11,7 @@ from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
 from scrapy_banker.core.meta import META_GRANT, META_SLOT
 from scrapy_banker.scheduler.engine import running_scheduler
+from scrapy_banker.scheduler.politeness import HeldBack
 from scrapy_banker.scheduler.topic import request_topic
 from scrapy_banker.settings import core_config
 
@@ -148,6 +149,12 @@ class BankerDownloaderMiddleware:
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> Any:
+        if isinstance(exception, HeldBack):
+            # Taken out of its slot's queue when its host pushed back: not a network
+            # error, nothing was sent; put back into the scheduler.
+            self._release(request, "held_back")
+            gate = getattr(running_scheduler(self.crawler), "politeness_gate", None)
+            return None if gate is None else gate.held_back(request)
         topic = request_topic(request, self.config, self.stats)
         self.stats.inc_value(f"banker/topic/{topic}/exceptions")
         self._release(request, "exception")

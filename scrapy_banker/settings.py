@@ -646,6 +646,7 @@ class RedisConfig:
         "BANKER_DEDUP_CAPACITY", 100_000_000, int_at_least(1), group="redis"
     )
     dedup_error: float = setting("BANKER_DEDUP_ERROR", 0.001, _dedup_error, group="redis")
+    robots_ttl: float = setting("BANKER_ROBOTS_TTL", 86400.0, positive_float, group="redis")
 
     def _check(self) -> None:
         """Rules between settings, once each is valid on its own."""

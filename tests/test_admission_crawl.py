@@ -115,8 +115,11 @@ def test_every_end_path_releases_and_nothing_leaks(tmp_path: Path) -> None:
     assert stats.get("retry/count", 0) > 0
     assert stats["downloader/exception_type_count/scrapy.exceptions.IgnoreRequest"] > 0
     assert stats["downloader/response_status_count/500"] > 0
-    assert stats["banker/task/reclaimed_timeout"] >= 1  # idle holders reclaimed...
-    assert stats["banker/task/reclaimed_close"] >= 1  # ...or still holding at the end
+    # Each of the 3 tasks holds its session to the end: idle holders are reclaimed by
+    # BANKER_TASK_TIMEOUT (the third task waits for one), the rest at close.
+    reclaimed_timeout = stats["banker/task/reclaimed_timeout"]
+    assert reclaimed_timeout >= 1
+    assert reclaimed_timeout + stats.get("banker/task/reclaimed_close", 0) == 3
     # ...the resource limit held (at most 3 pages in flight, as the farm saw)...
     assert max(server["max_inflight_per_host"].values()) <= 3
     # ...and nothing leaked.

@@ -93,7 +93,7 @@ def test_only_the_owner_or_a_previous_owner_with_leases_out_writes_host_states(
     assert b.popper.pop() == 1
     # b read the states of each partition it popped in the pipeline of its
     # first pop there, and hands them to its scheduler before their leases.
-    adopted = dict(b.adopted)
+    adopted = {p: states for p, _, states in b.adopted}
     assert adopted[3] == {"h.test": '{"blocked_until":2000000000.0,"refusals":1}'}
     assert set(adopted) == set(b.owned)  # empty ones too: read once per epoch
     assert b.take_counters()["banker/redis/host_states_adopted"] == 1
@@ -138,7 +138,7 @@ def test_a_partition_owned_again_under_a_new_epoch_is_read_again(
     a.flusher.run_once()
     a.request(10)
     a.popper.pop()
-    assert dict(a.adopted)[2] == {}
+    assert {p: states for p, _, states in a.adopted}[2] == {}
     a.adopted.clear()
     (leased,) = a.inbound
     a.host_state("h.test", 2, 0, _state(crawl_delay=5, last_sent=1e9))
@@ -152,4 +152,6 @@ def test_a_partition_owned_again_under_a_new_epoch_is_read_again(
     a.flusher.run_once()
     a.state.hints.nonempty.add(2)
     a.popper.pop()
-    assert list(a.adopted) == [(2, {"h.test": '{"crawl_delay":5,"last_sent":1000000000.0}'})]
+    assert list(a.adopted) == [
+        (2, a.owned[2], {"h.test": '{"crawl_delay":5,"last_sent":1000000000.0}'})
+    ]

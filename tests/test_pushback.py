@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from conftest import run_python, run_scrapy
 from scrapy import Request, Spider
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
@@ -37,6 +38,7 @@ from scrapy_banker.ops import jobdir_deadletters as dl
 from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler.jobdir import SNAPSHOT, replay
 from scrapy_banker.settings import load_config
+from scrapy_banker.testing.farm import Burst, FarmConfig, RateLimit, WebFarm
 
 T0 = 1_800_000_000.0
 
@@ -445,3 +447,250 @@ def test_settings_give_the_politeness_constants() -> None:
     assert (pc.codes, pc.backoff_base_s, pc.backoff_max_s, pc.max_refusals,
             pc.crawl_delay_max_s) == (frozenset({429, 500}), 1.0, 30.0, 3, 10.0)  # fmt: skip
     assert load_config({"BANKER_PUSHBACK_CODES": "[503]"}).pushback_codes == frozenset({503})
+
+
+# -- real crawls against the web farm's pushing-back hosts ----------------------------------
+
+CRAWL = '''
+import json, sys, time
+from pathlib import Path
+import scrapy
+from scrapy import signals
+from scrapy.crawler import CrawlerProcess
+from scrapy.linkextractors import LinkExtractor
+from scrapy_banker.testing.resolver import farm_settings
+
+args = json.loads(sys.argv[1])
+out = args["out"]
+log = {"sends": [], "responses": []}
+
+
+class Witness:
+    """Sees every response first (order 990): when and what the host answered."""
+
+    def process_response(self, request, response, spider=None):
+        log["responses"].append([time.time(), request.url, response.status,
+                                 response.headers.get("Retry-After", b"").decode()])
+        return response
+
+
+class Spider(scrapy.Spider):
+    name = "pushback"
+    links = LinkExtractor()
+
+    @classmethod
+    def from_crawler(cls, crawler, *a, **kw):
+        spider = super().from_crawler(crawler, *a, **kw)
+        crawler.signals.connect(spider.reached, signal=signals.request_reached_downloader)
+        return spider
+
+    def reached(self, request, spider):
+        log["sends"].append([time.time(), request.url])
+
+    async def start(self):
+        for url in args["urls"]:
+            yield scrapy.Request(url, errback=self.failed)
+
+    def parse(self, response):
+        yield {"url": response.url, "status": response.status,
+               "retry_times": response.meta.get("retry_times", 0)}
+        if args.get("follow"):
+            for link in self.links.extract_links(response):
+                yield response.follow(link.url, errback=self.failed)
+
+    def failed(self, failure):
+        yield {"url": failure.request.url, "failed": type(failure.value).__name__}
+
+
+settings = {
+    **farm_settings(),
+    "ADDONS": {"scrapy_banker.Addon": 500},
+    "DOWNLOADER_MIDDLEWARES": {"__main__.Witness": 990},
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+    "BANKER_STATS_FILE": out + ".stats.json",
+    "FEEDS": {out + ".items.jsonl": {"format": "jsonlines", "overwrite": True}},
+    "LOG_LEVEL": "INFO",
+    **args.get("settings", {}),
+}
+process = CrawlerProcess(settings)
+process.crawl(Spider)
+process.start()
+Path(out + ".log.json").write_text(json.dumps(log))
+'''
+
+
+@dataclass
+class Crawl:
+    stats: dict[str, Any]
+    items: list[dict[str, Any]]
+    sends: list[tuple[float, str]]
+    responses: list[tuple[float, str, int, str]]
+    log: str
+    wall_s: float
+
+    @property
+    def fetched(self) -> set[str]:
+        return {i["url"] for i in self.items if i.get("status") == 200}
+
+
+def _crawl(tmp_path: Path, name: str, urls: list[str], *, follow: bool = False,
+           **settings: Any) -> Crawl:  # fmt: skip
+    script = tmp_path / "crawl.py"
+    script.write_text(CRAWL)
+    out = str(tmp_path / name)
+    args = {"out": out, "urls": urls, "follow": follow, "settings": settings}
+    t0 = time.monotonic()
+    proc = run_python(script, json.dumps(args), timeout=120)
+    wall = time.monotonic() - t0
+    items_file = Path(out + ".items.jsonl")
+    items = [json.loads(x) for x in items_file.read_text().splitlines()] if (
+        items_file.exists()) else []  # fmt: skip
+    log = json.loads(Path(out + ".log.json").read_text())
+    return Crawl(json.loads(Path(out + ".stats.json").read_text()), items,
+                 [tuple(s) for s in log["sends"]], [tuple(r) for r in log["responses"]],
+                 proc.stderr, wall)  # fmt: skip
+
+
+def _farm(**fields: Any) -> WebFarm:
+    config = FarmConfig(seed=5, hosts=1, total_pages=5, min_pages_per_host=5,
+                        cross_host_link_prob=0.0, latency_ms=1.0, **fields)  # fmt: skip
+    return WebFarm(config)
+
+
+def _kept_retry_after(crawl: Crawl) -> None:
+    """After every 429 with Retry-After N received at t, nothing was sent to its host before t+N."""
+    for t, url, status, retry_after in crawl.responses:
+        if status != 429 or not retry_after:
+            continue
+        host = urlsplit(url).hostname
+        early = [s for s, u in crawl.sends if urlsplit(u).hostname == host
+                 and t < s < t + float(retry_after)]  # fmt: skip
+        assert early == [], f"sent {early} within Retry-After {retry_after} of {t}"
+
+
+@pytest.mark.slow
+@pytest.mark.scrapy213
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"RETRY_ENABLED": False},
+        {
+            "AUTOTHROTTLE_ENABLED": True,
+            "AUTOTHROTTLE_START_DELAY": 0.2,
+            "AUTOTHROTTLE_MAX_DELAY": 1.0,
+            "JOBDIR": True,
+        },
+    ],
+    ids=["retry_on", "retry_off", "autothrottle"],
+)
+def test_retry_after_is_honoured_nothing_is_lost_and_no_retry_is_counted(
+    tmp_path: Path, variant: dict[str, Any]
+) -> None:
+    settings = dict(variant)
+    if settings.get("JOBDIR"):
+        settings["JOBDIR"] = str(tmp_path / "job")
+    with _farm(rate_limits={0: RateLimit(requests=1, window_s=1.0)}) as farm:
+        start = farm.url(0, "/")
+        expected = farm.expected_urls([start])
+        crawl = _crawl(tmp_path, "c", [start], follow=True, **settings)
+        server = farm.stats()
+    assert crawl.stats["finish_reason"] == "finished"
+    assert crawl.fetched == expected and len(crawl.items) == len(expected)
+    assert server["refused"] > 0 and server["retry_after_violations"] == 0
+    _kept_retry_after(crawl)
+    assert crawl.stats["banker/pushback/refused"] == server["refused"]
+    assert crawl.stats["banker/pushback/requeued"] == server["refused"]
+    assert "retry/count" not in crawl.stats
+    assert all(i["retry_times"] == 0 for i in crawl.items)
+    if settings.get("AUTOTHROTTLE_ENABLED"):
+        header = json.loads((tmp_path / "job" / "banker" / SNAPSHOT).read_text().split("\n")[0])
+        state = header["politeness"][urlsplit(start).hostname]
+        # AutoThrottle's delay (between DOWNLOAD_DELAY=0 and its maximum), kept with the host.
+        assert 0 < state["throttle_delay"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.scrapy213
+def test_pushback_off_is_scrapys_behaviour_retried_at_once(tmp_path: Path) -> None:
+    with _farm(rate_limits={0: RateLimit(requests=1, window_s=1.0)}) as farm:
+        start = farm.url(0, "/")
+        crawl = _crawl(tmp_path, "c", [start], follow=True, BANKER_PUSHBACK=False)
+        server = farm.stats()
+    assert server["retry_after_violations"] > 0  # the control: Scrapy hammers it
+    assert crawl.stats["retry/count"] > 0
+    assert not any(k.startswith("banker/pushback/") for k in crawl.stats)
+
+
+@pytest.mark.slow
+@pytest.mark.scrapy213
+def test_headerless_refusals_back_off_growing_and_decaying_in_a_crawl(tmp_path: Path) -> None:
+    # 503 without Retry-After for requests 0-2 of every 4 the host receives.
+    with _farm(bursts={0: Burst(every=4, first=3)}) as farm:
+        urls = sorted(farm.expected_urls([farm.url(0, "/")]))[:2]
+        crawl = _crawl(tmp_path, "c", urls, BANKER_PUSHBACK_BACKOFF=0.1)
+        server = farm.stats()
+    assert crawl.fetched == set(urls) and server["refused"] == 6
+    holds = []
+    for t, _, status, _ in crawl.responses:
+        if status == 503:
+            holds.append(min(s for s, _ in crawl.sends if s > t) - t)
+    # 3 refusals in a row (0.1, 0.2, 0.4 s), a success halves the count (3 -> 1),
+    # so the next holds are 0.2, 0.4, 0.8 s: decayed, neither reset nor still growing.
+    for hold, nominal in zip(holds, (0.1, 0.2, 0.4, 0.2, 0.4, 0.8), strict=True):
+        assert 0.75 * nominal <= hold <= 1.25 * nominal + 0.1, holds
+    assert "retry/count" not in crawl.stats
+
+
+@pytest.mark.slow
+@pytest.mark.scrapy213
+def test_a_host_refusing_past_the_cap_is_dead_lettered_requeued_by_the_command_and_fetched(
+    tmp_path: Path,
+) -> None:
+    job = str(tmp_path / "job")
+    # Its first 3 requests are refused (503, no header), then it serves.
+    with _farm(bursts={0: Burst(every=1000, first=3)}) as farm:
+        urls = sorted(farm.expected_urls([farm.url(0, "/")]))[:4]
+        first = _crawl(tmp_path, "first", urls, JOBDIR=job, BANKER_PUSHBACK_BACKOFF=0.1,
+                       BANKER_PUSHBACK_MAX_REFUSALS=3)  # fmt: skip
+        assert first.fetched == set() and first.stats["finish_reason"] == "finished"
+        assert first.stats["banker/pushback/dead_lettered"] == 4
+        assert first.stats["banker/pushback/hosts_given_up"] == 1
+        assert first.log.count("refused 3 times in a row") == 1
+        host = urlsplit(urls[0]).hostname
+        letters = dl.list_letters(job)
+        assert sorted(d.url for d in letters) == sorted(urls)
+        assert all(d.when == "pushback" and d.requeueable for d in letters)
+        assert letters[0].error == f"pushback: {host} refused 3 times"
+        assert {d.error for d in letters[1:]} == {f"pushback: {host} refused 3 times (not sent)"}
+        listing = run_scrapy("banker", "deadletters", "--jobdir", job, cwd=tmp_path)
+        assert listing.stdout.startswith(f"4 dead letters in {job}")
+        requeued = run_scrapy("banker", "deadletters", "--jobdir", job, "--requeue", "all",
+                              "--json", cwd=tmp_path)  # fmt: skip
+        assert len(json.loads(requeued.stdout)["requeued"]) == 4
+        second = _crawl(tmp_path, "second", [], JOBDIR=job)
+        server = farm.stats()
+    assert second.fetched == set(urls) and second.stats["banker/jobdir/restored"] == 4
+    assert server["refused"] == 3
+    assert dl.list_letters(job) == []
+
+
+@pytest.mark.slow
+@pytest.mark.scrapy213
+def test_a_block_promised_before_a_jobdir_stop_holds_after_the_resume(tmp_path: Path) -> None:
+    job = str(tmp_path / "job")
+    # One request per 5 s: the second page is refused with Retry-After: 5.
+    with _farm(rate_limits={0: RateLimit(requests=1, window_s=5.0)}) as farm:
+        start = farm.url(0, "/")
+        expected = farm.expected_urls([start])
+        first = _crawl(tmp_path, "first", [start], follow=True, JOBDIR=job,
+                       CLOSESPIDER_TIMEOUT=1.5)  # fmt: skip
+        assert first.stats["finish_reason"] == "closespider_timeout"
+        (refusal,) = [r for r in first.responses if r[2] == 429]
+        second = _crawl(tmp_path, "second", [], follow=True, JOBDIR=job)
+        server = farm.stats()
+    assert second.stats["finish_reason"] == "finished"
+    assert first.fetched | second.fetched == expected
+    assert server["retry_after_violations"] == 0  # the resumed crawl waited as told
+    assert min(s for s, _ in second.sends) >= refusal[0] + float(refusal[3])
+    assert "Resumed the politeness state of 1 hosts (1 still blocked" in second.log

@@ -30,7 +30,11 @@ parts by concern:
   an earlier worker's spill replayed at start, what Redis never got spilled
   at stop;
 * :class:`~scrapy_banker.redis.store_placement.PlacementHook` -- network-aware
-  placement, when ``BANKER_PLACEMENT`` is on.
+  placement, when ``BANKER_PLACEMENT`` is on;
+* :class:`~scrapy_banker.redis.store_politeness.HostSync` -- the hosts'
+  politeness states, published with their partition and adopted with it;
+* :class:`~scrapy_banker.redis.fence.LeaseFence` -- the lease checked again
+  at the last moment before a request is sent.
 
 The store itself builds them, runs the lifecycle and a 100 ms tick, and
 tells the worker thread how many requests the scheduler could take.
@@ -48,17 +52,21 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
+from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.redis.connection import (
     RedisUnreachable,
     redis_cluster_from_settings,
     redis_from_settings,
 )
+from scrapy_banker.redis.fence import LeaseFence
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.robots_cache import RobotsCache
 from scrapy_banker.redis.store_acks import AckBook
-from scrapy_banker.redis.store_inbound import Inbound
+from scrapy_banker.redis.store_inbound import Inbound, lease_of
 from scrapy_banker.redis.store_outbound import Outbound
 from scrapy_banker.redis.store_placement import placement_for
+from scrapy_banker.redis.store_politeness import HostSync
 from scrapy_banker.redis.store_spill import SpillKeeper
 from scrapy_banker.redis.store_telemetry import NodeTelemetry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
@@ -66,6 +74,8 @@ from scrapy_banker.scheduler.engine import looping_call, wake_engine
 from scrapy_banker.settings import redis_config
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import redis
     from redis.cluster import RedisCluster
     from scrapy import Request, Spider
@@ -75,6 +85,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_banker.core.frontier import Entry
+    from scrapy_banker.core.politeness import HostState
     from scrapy_banker.core.spill import ClaimedSpill
     from scrapy_banker.core.telemetry import FleetSample, PlacementSample
     from scrapy_banker.redis.store_spill import Stopped
@@ -161,8 +172,17 @@ class RedisLeaseStore:
         self.outbound = Outbound(
             parts, worker, fingerprinter, partitions=partitions, placement=self.placement
         )
-        self.inbound = Inbound(parts, worker, partitions=partitions)
+        self.hosts = HostSync(parts, worker)
+        self.inbound = Inbound(parts, worker, partitions=partitions, hosts=self.hosts)
         self.acks = AckBook(crawler, worker, partitions=partitions)
+        self.fence = LeaseFence(worker, self.acks, self.stats, partitions=partitions)
+        #: robots.txt fetched once per host per fleet (read by
+        #: :class:`~scrapy_banker.scheduler.robots.BankerRobotsTxtMiddleware`).
+        self.robots_cache = RobotsCache(
+            client, self.frontier.keyspace, node, self.stats,
+            # Held while one worker downloads it: as long as that may take.
+            ttl_s=rconfig.robots_ttl, lock_s=settings.getfloat("DOWNLOAD_TIMEOUT", 180.0) + 5.0,
+        )  # fmt: skip
         self.telemetry = NodeTelemetry(
             parts, worker, key=self.frontier.keyspace.telemetry(node), partitions=partitions,
             acks=self.acks, inbound=self.inbound, placement=self.placement,
@@ -221,6 +241,7 @@ class RedisLeaseStore:
     def close(self, reason: str) -> Deferred[None] | None:
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
+        self.hosts.publish()  # before the acks and nacks, as always
         self.acks.ack_finished(everything=True)
         self.inbound.give_back_buffered()
         self.telemetry.publish_counters()
@@ -240,6 +261,8 @@ class RedisLeaseStore:
     def is_duplicate(self, request: Request) -> bool:
         """Known to be in the crawl's seen sets already (:meth:`Outbound.is_duplicate
         <scrapy_banker.redis.store_outbound.Outbound.is_duplicate>`)."""
+        if self.fence.given_back and self.fence.swallow(request):
+            return True  # given back at the last moment: dropped, its lease nacked
         return self.outbound.is_duplicate(request)
 
     def put(self, request: Request, c: Classified, now: float) -> str:
@@ -248,6 +271,9 @@ class RedisLeaseStore:
     def refill(self, now: float) -> None:
         self.inbound.hand_back_lost(self.spider)
         self.inbound.drain(now, self.spider)
+        # Host states before acks: a new owner pops once the acks released
+        # the leases, and must find the states the answers left.
+        self.hosts.publish()
         self.acks.ack_finished()
 
     def keep(self, entry: Entry[Request]) -> bool:
@@ -255,6 +281,7 @@ class RedisLeaseStore:
         return self.inbound.keep(entry)
 
     def dispatched(self, request: Request) -> str:
+        self.hosts.dispatched(request.meta.get(META_SLOT))
         return self.acks.dispatched(request)
 
     def downloaded(self, request: Request) -> None:
@@ -287,6 +314,30 @@ class RedisLeaseStore:
 
     def __len__(self) -> int:
         return len(self.worker.inbound)
+
+    # -- politeness (issue #26) ------------------------------------------------------
+
+    def politeness_changed(self, changed: Mapping[str, HostState]) -> None:
+        """Host states the scheduler saw change: written to their partitions
+        (:class:`~scrapy_banker.redis.store_politeness.HostSync`)."""
+        self.hosts.publish(changed)
+
+    def dead_letter(self, request: Request, reason: str, entry: Entry[Request] | None) -> None:
+        """A request whose host refused past the cap: into its partition's dead letters.
+
+        With the reason, requeueable (``scrapy banker deadletters --requeue``).
+        ``entry`` None: it was dispatched and ends through the engine, which
+        must not ack it.  A request that never went through Redis is logged.
+        """
+        token = lease_of(request, self.rconfig.partitions)
+        if token is None:
+            logger.warning("Dead letter (%s), not kept (it is not in Redis): %s %s",
+                           reason, request.method, request.url)  # fmt: skip
+            return
+        if entry is None:
+            self.acks.pending.pop(request, None)
+        self.hosts.publish()
+        self.worker.dead_letter(token, reason)
 
     # -- telemetry (read by the scheduler's sampler) ------------------------------------
 
@@ -327,6 +378,7 @@ class RedisLeaseStore:
 
     def _tick(self) -> None:
         self.inbound.hand_back_lost(self.spider)
+        self.hosts.publish()
         self.acks.ack_finished()
         self._request_more()
         idle = not self._local() and not self.has_pending()

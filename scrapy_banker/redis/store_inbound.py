@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
 
     from scrapy_banker.core.frontier import Entry
+    from scrapy_banker.redis.store_politeness import HostSync
     from scrapy_banker.redis.worker import FrontierWorker
     from scrapy_banker.scheduler.store import SchedulerParts
 
@@ -52,10 +53,20 @@ def lease_of(request: Request, partitions: int) -> LeaseToken | None:
 class Inbound:
     """Leased requests into the local queue; those this node may not fetch, given back."""
 
-    def __init__(self, parts: SchedulerParts, worker: FrontierWorker, *, partitions: int) -> None:
+    def __init__(
+        self,
+        parts: SchedulerParts,
+        worker: FrontierWorker,
+        *,
+        partitions: int,
+        hosts: HostSync | None = None,
+    ) -> None:
         self.parts = parts
         self.worker = worker
         self.partitions = partitions
+        #: Where the politeness states of the partitions taken over go first,
+        #: and where each leased request's host and partition are noted.
+        self.hosts = hosts
         #: Buffered leases given back because their partition moved away; the
         #: entries stay in the local queue until popped, then are dropped.
         self.handed_back: set[LeaseToken] = set()
@@ -67,12 +78,19 @@ class Inbound:
     def drain(self, now: float, spider: Spider | None) -> None:
         """Move what the worker leased into the local queue; dead-letter what is malformed."""
         inbound = self.worker.inbound
-        if not inbound:
+        hosts = self.hosts
+        # The leases there are now, then the states of the partitions taken
+        # over: the worker thread appends a partition's states before its
+        # first leases, so these leases' states are all there.
+        n = len(inbound)
+        if hosts is not None and self.worker.adopted:
+            hosts.adopt()
+        if not n:
             return
         self.received_any = True
         parts = self.parts
         codec, classify, stats = parts.codec, parts.classifier.classify, parts.stats
-        while inbound:
+        for _ in range(n):
             leased = inbound.popleft()
             try:
                 request = codec.decode(leased.payload, spider)
@@ -90,7 +108,10 @@ class Inbound:
                 continue
             if leased.deliveries > 1:
                 stats.inc_value("banker/redis/redelivered")
-            request.meta[META_LEASE] = leased.token
+            token = leased.token
+            request.meta[META_LEASE] = token
+            if hosts is not None:
+                hosts.leased(c.slot, token)
             parts.queue.push(request, c, now)
 
     def keep(self, entry: Entry[Request]) -> bool:

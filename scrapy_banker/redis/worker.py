@@ -264,9 +264,9 @@ class FrontierWorker:
         self._kick()
 
     @property
-    def adopted(self) -> deque[tuple[int, dict[str, str]]]:
-        """(partition, host -> state JSON) of partitions this node took over, each
-        appended before the partition's first leases in :attr:`inbound`."""
+    def adopted(self) -> deque[tuple[int, int, dict[str, str]]]:
+        """(partition, epoch, host -> state JSON) of partitions this node took over,
+        each appended before the partition's first leases in :attr:`inbound`."""
         return self.state.adopted
 
     def request(self, want: int) -> None:

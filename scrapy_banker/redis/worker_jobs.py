@@ -505,7 +505,7 @@ class Popper:
         adopted = state.ownership.adopted
         for p, states in hosts.items():
             adopted[p] = epochs[p]
-            state.adopted.append((p, states))
+            state.adopted.append((p, epochs[p], states))
             state.counters.add("banker/redis/host_states_adopted", len(states))
 
 

@@ -373,7 +373,8 @@ class WorkerState:
         self.leases = LeaseBook()
         #: Leased requests for the scheduler; deque appends and pops are thread-safe.
         self.inbound: deque[Leased] = deque()
-        #: (partition, host -> state JSON) read from Redis when this node took a
-        #: partition over, each appended before the partition's first leases in
-        #: :attr:`inbound`: the scheduler adopts them before it dispatches those.
-        self.adopted: deque[tuple[int, dict[str, str]]] = deque()
+        #: (partition, epoch, host -> state JSON) read from Redis when this node
+        #: took a partition over, each appended before the partition's first
+        #: leases in :attr:`inbound`: the scheduler adopts them before it
+        #: dispatches those.
+        self.adopted: deque[tuple[int, int, dict[str, str]]] = deque()

@@ -35,7 +35,7 @@ from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.engine import scraper_backlog, wake_engine
 from scrapy_banker.scheduler.gate import AdmissionGate
-from scrapy_banker.scheduler.politeness import PolitenessGate
+from scrapy_banker.scheduler.politeness import HeldBack, PolitenessGate
 from scrapy_banker.scheduler.queue import LocalQueue
 from scrapy_banker.scheduler.sampler import take_sample
 from scrapy_banker.scheduler.serialize import RequestCodec
@@ -171,11 +171,15 @@ class BankerScheduler(BaseScheduler):
         self.downloader.attach(self.crawler)
         connect = self.crawler.signals.connect
         connect(self._request_left_downloader, signal=signals.request_left_downloader)
+        if self.politeness_gate.enabled:
+            connect(self._response_downloaded, signal=signals.response_downloaded)
         return self.store.open(spider)
 
     def close(self, reason: str) -> Deferred[None] | None:
         disconnect = self.crawler.signals.disconnect
         disconnect(self._request_left_downloader, signal=signals.request_left_downloader)
+        if self.politeness_gate.enabled:
+            disconnect(self._response_downloaded, signal=signals.response_downloaded)
         now = self.clock()
         if self.gate is not None:
             self.gate.close(now)  # parked requests go back to the queue, and so to the store
@@ -275,6 +279,20 @@ class BankerScheduler(BaseScheduler):
         slot = self.downloader.slot_key(request)
         delay = self.downloader.slot_delay(slot) if polite.autothrottle else None
         return polite.response(request, response, slot, delay)
+
+    def _response_downloaded(
+        self, response: Response, request: Request, spider: Spider | None = None
+    ) -> None:
+        """A refusal is blocked at once, and the host's requests waiting in its download
+        slot's queue are taken back (the downloader would start one right after this)."""
+        polite = self.politeness_gate
+        if not polite.refusal(response):
+            return
+        downloader = self.downloader
+        slot = downloader.slot_key(request)
+        polite.downloaded(response, slot)
+        for queued, deferred in downloader.take_queued(slot):
+            deferred.errback(HeldBack(f"{slot} pushed back while {queued} waited in its slot"))
 
     def _hosts_ready(self, slots: list[str]) -> None:
         """The wait of these slots' hosts is over: their parked lanes compete again."""

@@ -156,6 +156,28 @@ class DownloaderView:
         delay = getattr(slot, "delay", None)
         return None if delay is None else float(delay)
 
+    def take_queued(self, slot_key: str) -> list[tuple[Request, Any]]:
+        """Take this scheduler's requests out of the slot's own queue (not yet sent).
+
+        Returns ``(request, deferred)`` pairs, as Scrapy's downloader queued
+        them; the caller fails each deferred so the request goes back
+        through the middlewares' ``process_exception``.  Foreign requests
+        (``engine.download``) stay.
+        """
+        dl = self.downloader
+        slot = None if dl is None else dl.slots.get(slot_key)
+        queue = getattr(slot, "queue", None)
+        if not queue:
+            return []
+        mine: list[tuple[Request, Any]] = []
+        others: list[tuple[Request, Any]] = []
+        for item in queue:
+            (mine if META_SLOT in item[0].meta else others).append(item)
+        if mine:
+            queue.clear()
+            queue.extend(others)
+        return mine
+
     def dispatched(self, request: Request, slot: str) -> None:
         request.meta[META_SLOT] = slot
         self.inflight[slot] = self.inflight.get(slot, 0) + 1

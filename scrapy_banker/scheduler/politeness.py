@@ -18,6 +18,14 @@ host's requests in the frontier until the host is ready:
   fires, :attr:`PolitenessGate.on_ready` (the scheduler) frees the slots'
   lanes and wakes the engine -- no polling, and no waiting for the engine's
   5 s heartbeat.
+* **Requests already in the downloader**: a request can wait in its download
+  slot's own queue (``DOWNLOAD_DELAY``, AutoThrottle, the one request the
+  downloader view lets wait behind a busy slot).  When a refusal is
+  downloaded -- Scrapy's ``response_downloaded`` signal, before the
+  downloader starts the next request of the slot -- the host is blocked at
+  once and the requests of this scheduler waiting in that queue are taken
+  back out (failed with :class:`HeldBack`, which the middleware turns into
+  a put-back), so none of them leaves before the host is ready.
 * **The response side** (:meth:`PolitenessGate.response`, called by
   :class:`~scrapy_banker.middlewares.BankerDownloaderMiddleware` before
   ``RetryMiddleware`` sees the response): a pushback status blocks the host
@@ -67,7 +75,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PolitenessGate"]
+__all__ = ["HeldBack", "PolitenessGate"]
+
+
+class HeldBack(IgnoreRequest):
+    """A request taken back out of its download slot's queue: its host pushed back.
+
+    :class:`~scrapy_banker.middlewares.BankerDownloaderMiddleware` puts it
+    back into the scheduler.  An ``IgnoreRequest``, so that without that
+    middleware nothing retries it or logs it as a network error.
+    """
 
 
 def _nothing(slots: list[str]) -> None:
@@ -128,6 +145,9 @@ class PolitenessGate:
         self._timer: Timer | None = None
         self._timer_at = math.inf
         self.wakeups = 0
+        #: Refusals recorded when they were downloaded, by id of the response,
+        #: until :meth:`response` sees them (so each counts once).
+        self._recorded: dict[int, HostState] = {}
 
     # -- the gate --------------------------------------------------------------------
 
@@ -215,6 +235,36 @@ class PolitenessGate:
 
     # -- responses ---------------------------------------------------------------------------
 
+    def refusal(self, response: Response) -> bool:
+        """Is ``response`` a pushback this gate handles?"""
+        return self.enabled and response.status in self.codes
+
+    def downloaded(self, response: Response, slot: str) -> HostState:
+        """A refusal left the network (``response_downloaded``): block its host now.
+
+        Before the downloader starts the slot's next request; the caller
+        then takes the host's waiting requests back out of the slot's queue.
+        """
+        state = self._record(response, slot)
+        if len(self._recorded) > 10_000:  # responses that never reached the middleware
+            self._recorded.clear()
+        self._recorded[id(response)] = state
+        return state
+
+    def held_back(self, request: Request) -> Request:
+        """The copy to put back of a request taken out of its slot's queue (:class:`HeldBack`)."""
+        self.stats.inc_value("banker/pushback/held_back")
+        return request.replace(dont_filter=True)
+
+    def _record(self, response: Response, slot: str) -> HostState:
+        now = self.clock()
+        retry_after = parse_retry_after(response.headers.get(b"Retry-After"), now)
+        state = self.politeness.refused(slot, now, retry_after, coalesce=True)
+        self.stats.inc_value("banker/pushback/refused")
+        if retry_after is not None:
+            self.stats.inc_value("banker/pushback/retry_after")
+        return state
+
     def response(
         self, request: Request, response: Response, slot: str, throttle_delay: float | None
     ) -> Response | Request:
@@ -235,13 +285,8 @@ class PolitenessGate:
                     self.given_up.discard(slot)
                     logger.info("Host %s answers again: its requests are sent again", slot)
             return response
-        now = self.clock()
-        retry_after = parse_retry_after(response.headers.get(b"Retry-After"), now)
-        state = politeness.refused(slot, now, retry_after, coalesce=True)
+        state = self._recorded.pop(id(response), None) or self._record(response, slot)
         stats = self.stats
-        stats.inc_value("banker/pushback/refused")
-        if retry_after is not None:
-            stats.inc_value("banker/pushback/retry_after")
         meta = request.meta
         if META_SLOT not in meta or meta.get("dont_retry") or _handles(meta, status):
             # Not this scheduler's (engine.download) or the spider's to handle:

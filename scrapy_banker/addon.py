@@ -25,9 +25,9 @@ SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
 DOWNLOADER_MIDDLEWARES = {
     "scrapy_banker.middlewares.BankerDownloaderMiddleware": 860,
     "scrapy_banker.scheduler.netaware.NetworkMeasureMiddleware": 865,
-    # After every other one (HttpCacheMiddleware is 900): a fleet worker's
-    # lease is checked at the last moment before the request is sent.
-    "scrapy_banker.redis.fence.LeaseFenceMiddleware": 990,
+    # After every other one (HttpCacheMiddleware is 900): the host's
+    # politeness and a fleet worker's lease checked at the last moment.
+    "scrapy_banker.scheduler.wire.WireGateMiddleware": 990,
 }
 #: Scrapy's robots.txt middleware and ours (Crawl-delay applied, robots.txt
 #: fetched once per fleet), put in its place unless the project names either.

@@ -27,7 +27,7 @@ from scrapy_banker.testing.farm import (
     RateLimit,
     WebFarm,
 )
-from scrapy_banker.testing.farm.pushback import CRAWL_DELAY_TOLERANCE, robots_txt
+from scrapy_banker.testing.farm.pushback import CRAWL_DELAY_TOLERANCE, REACTION_S, robots_txt
 
 #: A wall-clock epoch for the fake clock: 2026-11-27 12:00:00 UTC, plus a fraction.
 WALL0 = 1795780800.25
@@ -185,6 +185,25 @@ def test_rate_limit_with_retry_after_seconds_and_violations() -> None:
     assert _statuses(tracker, host, [10.0, 10.0]) == [200, 200]
 
 
+def test_a_request_received_before_the_429_left_is_refused_but_no_violation() -> None:
+    model, tracker = _tracker(rate_limits={1: RateLimit(requests=1, window_s=3.0)})
+    host = model.host_name(1)
+    assert tracker.receive(host, "/", 0.0, reply_s=0.02) is None
+    refusal = tracker.receive(host, "/a", 1.0, reply_s=0.02)  # its 429 leaves at 1.02
+    assert refusal is not None and refusal.retry_after == "2"
+    in_flight = tracker.receive(host, "/b", 1.01, reply_s=0.02)  # sent in ignorance
+    assert in_flight is not None and in_flight.reason == "retry_after_period"
+    assert tracker.retry_after_violations == {}
+    race = tracker.receive(host, "/c", 1.03, reply_s=0.02)  # on its way as the 429 was read
+    assert race is not None and tracker.retry_after_races == {host: 1}
+    assert tracker.retry_after_violations == {}
+    late = tracker.receive(host, "/d", 1.02 + REACTION_S, reply_s=0.02)  # a violation
+    assert late is not None and tracker.retry_after_violations == {host: 1}
+    retried = tracker.receive(host, "/a", 1.025, reply_s=0.02)  # the refused page at once
+    assert retried is not None and tracker.retry_after_violations == {host: 2}
+    assert tracker.refused == {host: 5}
+
+
 def test_minimum_gap_and_a_fixed_announced_period() -> None:
     model, tracker = _tracker(rate_limits={2: RateLimit(window_s=0.5, retry_after_s=5)})
     host = model.host_name(2)
@@ -337,6 +356,7 @@ def test_server_refuses_announces_and_counts(tmp_path: Path) -> None:
         assert status == 429 and b"429 Too Many Requests" in body
         seconds = int(resp.getheader("Retry-After", "0"))
         assert 1 <= seconds <= 30
+        time.sleep(REACTION_S)  # sooner, it would be a race, not a violation
         status, _, resp = _get(farm, name(1), "/news/")  # a Retry-After violation
         assert status == 429 and 1 <= int(resp.getheader("Retry-After", "0")) <= seconds
         # Retry-After as an HTTP date.

@@ -112,3 +112,13 @@ def test_refusals_of_requests_in_flight_when_the_block_began_count_once() -> Non
     # Without coalescing every refusal counts, as before.
     assert p.refused("a.test", NOW + 32, None).refusals == 3
     assert not p.blocked("b.test", NOW)
+
+
+def test_merged_keeps_the_stricter_of_two_views_field_by_field() -> None:
+    mine = HostState(blocked_until=200.0, refusals=1, last_sent=150.0)
+    theirs = HostState(blocked_until=100.0, refusals=3, crawl_delay=2.0, last_sent=160.0)
+    merged = mine.merged(theirs)
+    assert merged == HostState(blocked_until=200.0, refusals=3, crawl_delay=2.0, last_sent=160.0)
+    assert merged.ready_at() == 200.0
+    assert theirs.merged(mine) == merged
+    assert HostState().merged(mine) == mine

@@ -411,14 +411,17 @@ def test_the_store_hears_of_changed_states_about_once_a_second_and_at_close() ->
     assert [set(h) for h in heard] == [{"a.test"}]
     s.close("finished")
     assert [set(h) for h in heard] == [{"a.test"}, {"b.test"}]
-    # adopt(): a store taking hosts over; their lanes re-check at once.
+    # adopt(): a store taking hosts over merges what it read with what it knows.
     t = _open()
     t.enqueue_request(Request("http://a.test/x"))
-    t.politeness.refused("a.test", T0, 60.0)
-    assert _next(t) == []
-    t.politeness_gate.adopt({"a.test": HostState()})
+    t.politeness_gate.adopt({"a.test": HostState(blocked_until=T0 + 60.0, refusals=2)})
     assert t.politeness.take_changed() == {}  # not reported back where it came from
-    assert _next(t) == ["http://a.test/x"]
+    assert _next(t) == []  # the block it read holds here
+    # A state read that is older than this node's own refusal does not lift it.
+    t.politeness.refused("b.test", T0, 60.0)
+    t.politeness_gate.adopt({"b.test": HostState()})
+    assert t.politeness.get("b.test").blocked_until == T0 + 60.0
+    assert t.politeness.get("a.test").refusals == 2
 
 
 @pytest.mark.parametrize(

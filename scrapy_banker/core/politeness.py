@@ -104,6 +104,18 @@ class HostState:
         """Nothing worth keeping: the default state."""
         return self == _DEFAULT
 
+    def merged(self, other: HostState) -> HostState:
+        """The stricter of two views of one host, field by field (the larger of each).
+
+        A node taking a host over merges what Redis kept with what it knows
+        itself: its own refusal may be newer than the state it reads (its
+        write still queued), and the other node's newer than its own.  The
+        larger block, last request, delay and refusal count are each safe to
+        keep; a stale one costs at most one longer wait.
+        """
+        mine, theirs = vars(self), vars(other)
+        return HostState(**{k: max(v, theirs[k]) for k, v in mine.items()})
+
     def to_json(self) -> dict[str, float | int]:
         return {k: v for k, v in vars(self).items() if v != getattr(_DEFAULT, k)}
 

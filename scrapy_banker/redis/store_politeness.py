@@ -20,8 +20,8 @@ partition, and that owner changes; :class:`HostSync` makes the state follow:
   an epoch, the worker thread reads the partition's states in the same
   pipeline and hands them over before the partition's leases
   (:attr:`FrontierWorker.adopted <scrapy_banker.redis.worker.FrontierWorker.adopted>`);
-  :meth:`HostSync.adopt` puts them in the scheduler's politeness (hosts of
-  the partition Redis has no state for go back to the default) before
+  :meth:`HostSync.adopt` merges them into the scheduler's politeness (the
+  stricter of what Redis kept and what this node knows, field by field) before
   :meth:`Inbound.drain <scrapy_banker.redis.store_inbound.Inbound.drain>`
   queues those leases.  So a Retry-After, a backoff, a Crawl-delay's last
   request and an AutoThrottle delay survive a rebalance, a steal and a
@@ -51,9 +51,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["HostSync", "stored"]
-
-_DEFAULT = HostState()
-
 
 def stored(state: HostState, now: float) -> str:
     """What a host's partition keeps of ``state``: its JSON, or ``""`` (nothing to enforce)."""
@@ -141,9 +138,6 @@ class HostSync:
         while adopted:
             partition, epoch, raw = adopted.popleft()
             states: dict[str, HostState] = {}
-            for host in self.hosts_of.get(partition, ()):
-                if host not in raw:
-                    states[host] = _DEFAULT  # Redis is the truth about the partition's hosts
             for host, text in raw.items():
                 try:
                     states[host] = HostState.from_json(json.loads(text))

@@ -148,6 +148,8 @@ class PolitenessGate:
         #: Refusals recorded when they were downloaded, by id of the response,
         #: until :meth:`response` sees them (so each counts once).
         self._recorded: dict[int, HostState] = {}
+        #: Slot -> when its last request went to the wire (:meth:`at_wire`).
+        self._wire: dict[str, float] = {}
 
     # -- the gate --------------------------------------------------------------------
 
@@ -185,11 +187,15 @@ class PolitenessGate:
     def adopt(self, states: Mapping[str, HostState]) -> None:
         """Take over hosts' states (a store that became their owner); their lanes re-check.
 
-        Not reported back by ``take_changed``: the states came from where
-        they are kept.
+        Merged with what this node knows of each host (:meth:`HostState.merged
+        <scrapy_banker.core.politeness.HostState.merged>`): a refusal it got
+        moments ago may not be in the state it reads.  Not reported back by
+        ``take_changed``: the states came from where they are kept.
         """
+        politeness = self.politeness
         for host, state in states.items():
-            self.politeness.put(host, state)
+            known = politeness.hosts.get(host)
+            politeness.put(host, state if known is None else known.merged(state))
         if states:
             self.on_ready(list(states))
 
@@ -250,6 +256,43 @@ class PolitenessGate:
             self._recorded.clear()
         self._recorded[id(response)] = state
         return state
+
+    def check_blocked(self, request: Request) -> HostState | None:
+        """Raise :class:`HeldBack` if ``request``'s host is blocked now; its state if it has one."""
+        slot = request.meta.get(META_SLOT)
+        if not self.enabled or slot is None:
+            return None
+        state = self.politeness.hosts.get(slot)
+        if state is None:
+            return None
+        left = state.blocked_until - self.clock()
+        if left > 0:
+            raise HeldBack(f"{slot} is held for {left:.3f} s more")
+        return state
+
+    def at_wire(self, request: Request) -> float:
+        """The last check before ``request`` goes to the wire: seconds to wait first.
+
+        Raises :class:`HeldBack` if its host is blocked now (a refusal
+        arrived after the request was let go).  A host with an interval
+        (Crawl-delay, AutoThrottle) gets its requests spaced by it *at the
+        wire*, measured from the previous one sent: what waited in
+        middlewares and queues can bunch up after its dispatch, never here.
+        Each call reserves its moment, so the caller must wait what it is
+        told and send.
+        """
+        state = self.check_blocked(request)
+        if state is None:
+            return 0.0
+        slot, now = request.meta[META_SLOT], self.clock()
+        interval = state.interval
+        if not interval:
+            return 0.0
+        at = max(now, self._wire.get(slot, 0.0) + interval)
+        self._wire[slot] = at
+        if at > now:
+            self.stats.inc_value("banker/pushback/spaced_at_wire")
+        return at - now
 
     def held_back(self, request: Request) -> Request:
         """The copy to put back of a request taken out of its slot's queue (:class:`HeldBack`)."""

@@ -8,8 +8,15 @@ Twisted, no sockets, no clock reads: callers pass the time):
   ``window_s`` seconds (``requests=1``: a minimum gap); a request above the
   rate is answered ``429``, with a ``Retry-After`` header in delta-seconds,
   as an HTTP date, or without one.  While an announced Retry-After period
-  runs, every request the host receives is a *Retry-After violation*,
-  refused again with the remaining period.
+  runs, every request the host receives is refused again with the
+  remaining period, and is a *Retry-After violation* if it arrived more
+  than :data:`REACTION_S` after the 429 announcing the period left the
+  host.  One received before the 429 left was sent before the crawler
+  could know (the second of two in flight): not counted.  One received
+  within :data:`REACTION_S` after it was already on its way when the
+  crawler read the 429: a *race*, counted apart (``retry_after_races``) --
+  unless it asks again for a path refused in the period: that crawler
+  retried what it was refused, a violation however soon.
 * :class:`Burst` -- ``503`` without Retry-After for every request inside
   periodic windows (``period_s``/``duration_s``, phase per host from the
   farm's seed) or for the first ``first`` of every ``every`` requests.
@@ -40,6 +47,7 @@ from typing import Any, Final, Literal
 
 __all__ = [
     "CRAWL_DELAY_TOLERANCE",
+    "REACTION_S",
     "ROBOTS_PATH",
     "Burst",
     "HostPushback",
@@ -59,6 +67,12 @@ CRAWL_DELAY_TOLERANCE: Final = 0.95
 #: How a 429 announces its period: delta-seconds, an HTTP date, or not at all.
 RetryAfterFormat = Literal["seconds", "date", "none"]
 _FORMATS: Final = ("seconds", "date", "none")
+#: A client's reaction time (s): a request received less than this after the
+#: 429 left was already on its way (written to the socket in the event-loop
+#: turn that read the 429, or before): a *race*, counted apart.
+REACTION_S: Final = 0.05
+#: Violations described one by one in :meth:`PushbackTracker.stats` (the rest are counted).
+MAX_EVENTS: Final = 100
 #: Float noise tolerated when rounding a wait up to whole seconds.
 _EPS: Final = 1e-9
 
@@ -288,7 +302,7 @@ class Refusal:
 
 
 class _State:
-    __slots__ = ("count", "last_start", "until", "until_date", "window")
+    __slots__ = ("announced", "count", "last_start", "refused", "until", "until_date", "window")
 
     def __init__(self) -> None:
         #: Requests received (robots.txt excluded), for count-mode bursts.
@@ -298,6 +312,12 @@ class _State:
         #: End of the announced Retry-After period (``now`` units) and its date.
         self.until: float | None = None
         self.until_date: int | None = None
+        #: When the 429 announcing it left the host (``now`` units): requests
+        #: received before were sent before the crawler could know.
+        self.announced: float | None = None
+        #: Paths refused during the period: one sent again inside it is the
+        #: crawler retrying what it was refused -- never a race.
+        self.refused: set[str] = set()
         #: Start times of the served requests inside the rate-limit window.
         self.window: deque[float] = deque()
 
@@ -325,8 +345,12 @@ class PushbackTracker:
         self._origin: float | None = None
         self.refused: dict[str, int] = {}
         self.retry_after_violations: dict[str, int] = {}
+        self.retry_after_races: dict[str, int] = {}
         self.crawl_delay_violations: dict[str, int] = {}
         self.robots_fetches: dict[str, int] = {}
+        #: The first :data:`MAX_EVENTS` violations, for a report that says
+        #: which host, which path, when (``wall`` time) and by how much.
+        self.violations: list[dict[str, Any]] = []
 
     @property
     def origin(self) -> float | None:
@@ -339,9 +363,16 @@ class PushbackTracker:
         return self._specs[host]
 
     def receive(
-        self, host: str, path: str, now: float, wall: float | None = None
+        self, host: str, path: str, now: float, wall: float | None = None, reply_s: float = 0.0
     ) -> Refusal | None:
-        """Account one request received at ``now``; a :class:`Refusal` or None (serve it)."""
+        """Account one request received at ``now``; a :class:`Refusal` or None (serve it).
+
+        ``reply_s`` is how long the host takes to answer it: a ``429`` that
+        announces a Retry-After period is known to the crawler only once it
+        left, so a request received before then -- sent while the crawler
+        could not know, e.g. the second of two in flight -- is refused with
+        the rest of the period but is no Retry-After violation.
+        """
         if self._origin is None:
             self._origin = now
         if path == ROBOTS_PATH:
@@ -359,12 +390,22 @@ class PushbackTracker:
             last = state.last_start
             if last is not None and now - last < CRAWL_DELAY_TOLERANCE * spec.crawl_delay_s:
                 self.crawl_delay_violations[host] = self.crawl_delay_violations.get(host, 0) + 1
+                self._event("crawl_delay", host, path, now, wall, spec.crawl_delay_s - (now - last))
             state.last_start = now
         n = state.count
         state.count += 1
         if state.until is not None:
             if now < state.until:
-                self.retry_after_violations[host] = self.retry_after_violations.get(host, 0) + 1
+                announced = state.announced
+                again = path in state.refused
+                state.refused.add(path)
+                if again or announced is None or now >= announced + REACTION_S:
+                    self.retry_after_violations[host] = (
+                        self.retry_after_violations.get(host, 0) + 1
+                    )
+                    self._event("retry_after", host, path, now, wall, state.until - now)
+                elif now >= announced:
+                    self.retry_after_races[host] = self.retry_after_races.get(host, 0) + 1
                 left = _ceil_s(state.until - now)
                 header = (
                     str(left)
@@ -372,7 +413,8 @@ class PushbackTracker:
                     else email.utils.formatdate(state.until_date, usegmt=True)
                 )
                 return self._refuse(host, Refusal(429, "retry_after_period", header, left))
-            state.until = state.until_date = None
+            state.until = state.until_date = state.announced = None
+            state.refused.clear()
         if spec.burst is not None and spec.burst.refuses(now - self._origin, n, spec.burst_phase_s):
             return self._refuse(host, Refusal(503, "burst"))
         limit = spec.rate_limit
@@ -392,6 +434,8 @@ class PushbackTracker:
             else _ceil_s(window[0] + limit.window_s - now)
         )
         state.until = now + delta
+        state.announced = now + reply_s
+        state.refused.add(path)
         if limit.retry_after == "seconds":
             return self._refuse(host, Refusal(429, "rate_limit", str(delta), delta))
         date = math.ceil((now if wall is None else wall) + delta)
@@ -403,11 +447,21 @@ class PushbackTracker:
         self.refused[host] = self.refused.get(host, 0) + 1
         return refusal
 
+    def _event(
+        self, kind: str, host: str, path: str, now: float, wall: float | None, early_s: float
+    ) -> None:
+        if len(self.violations) < MAX_EVENTS:
+            self.violations.append({
+                "kind": kind, "host": host, "path": path,
+                "wall": now if wall is None else wall, "early_s": round(early_s, 4),
+            })  # fmt: skip
+
     def stats(self) -> dict[str, Any]:
-        """Totals and per-host counts (hosts with a zero count are left out)."""
-        out: dict[str, Any] = {}
-        for name in ("refused", "retry_after_violations", "crawl_delay_violations",
-                     "robots_fetches"):  # fmt: skip
+        """Totals and per-host counts (hosts with a zero count are left out), and
+        ``violations``: the first of them, each with its host, path, time and how early."""
+        out: dict[str, Any] = {"violations": list(self.violations)}
+        for name in ("refused", "retry_after_violations", "retry_after_races",
+                     "crawl_delay_violations", "robots_fetches"):  # fmt: skip
             counts: dict[str, int] = getattr(self, name)
             out[name] = sum(counts.values())
             out[f"{name}_per_host"] = dict(counts)

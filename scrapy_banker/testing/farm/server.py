@@ -269,19 +269,19 @@ class FarmServer:
         if node is not None:
             self.per_node[node] = self.per_node.get(node, 0) + 1
         pushback = self.pushback
-        refusal = (
-            pushback.receive(hostname, path, time.monotonic(), time.time())
-            if pushback.active or path == ROBOTS_PATH
-            else None
-        )
         site = self._static(hostname)
         i = None if site is not None else self.model.host_index(hostname)
-        if refusal is not None:
+        refusal = None
+        if pushback.active or path == ROBOTS_PATH:
             if i is not None:
                 base = self.model.latency_ms(i, node)
             else:
                 cfg = self.model.config
                 base = cfg.static_latency_ms.get(hostname, cfg.latency_ms)
+            refusal = pushback.receive(
+                hostname, path, time.monotonic(), time.time(), reply_s=base / 1000.0
+            )
+        if refusal is not None:
             retry_after = (
                 b""
                 if refusal.retry_after is None

@@ -428,3 +428,24 @@ def test_a_hand_written_lease_meta_is_ignored(value: object) -> None:
     assert lease_of(Request("http://a.test/", meta={META_LEASE: value}), PARTITIONS) is None
     good = LeaseToken(3, "fp:1", 2)
     assert lease_of(Request("http://a.test/", meta={META_LEASE: good}), PARTITIONS) == good
+
+
+@pytest.mark.parametrize(
+    ("download_timeout", "node_timeout", "lock_ms"),
+    [(180.0, 6.0, 6000), (180.0, 30.0, 30_000), (0.5, 30.0, 5500)],
+)
+def test_a_robots_txt_lock_is_held_no_longer_than_a_dead_worker_is_waited_for(
+    download_timeout: float, node_timeout: float, lock_ms: int
+) -> None:
+    """A worker SIGKILLed while it fetches a robots.txt leaves the fleet's lock behind:
+    the host's new owner waits for it, so it must not outlive the node timeout."""
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_banker.redis.scheduler import BankerRedisScheduler
+
+    crawler = get_crawler(settings_dict={
+        "BANKER_REDIS_PARTITIONS": PARTITIONS, "DOWNLOAD_TIMEOUT": download_timeout,
+        "BANKER_REDIS_NODE_TIMEOUT": node_timeout, "BANKER_REDIS_HEARTBEAT": 1.0,
+    })  # fmt: skip
+    scheduler = BankerRedisScheduler.from_crawler(crawler)
+    assert scheduler.store.robots_cache.lock_ms == lock_ms

@@ -10,7 +10,10 @@ the origin's lock (``SET NX PX``, :meth:`Keyspace.robots_lock
 <scrapy_banker.redis.keys.Keyspace.robots_lock>`) and fetches, or -- another
 worker holds the lock -- polls the key every :data:`POLL_S` seconds until
 the body is there or the lock is gone (its holder died or gave up: then it
-takes the lock itself).  A fetch that failed is kept too, for at most
+takes the lock itself).  The lock expires after ``DOWNLOAD_TIMEOUT`` (+ 5 s)
+or :setting:`BANKER_REDIS_NODE_TIMEOUT`, whichever is shorter, so a worker
+killed mid-fetch holds its host up no longer than the fleet takes to
+declare it dead.  A fetch that failed is kept too, for at most
 :data:`ERROR_TTL_S`, so the fleet does not retry a broken host at once from
 every worker.  If Redis cannot be reached the worker fetches robots.txt
 itself, as Scrapy would.

@@ -180,8 +180,12 @@ class RedisLeaseStore:
         #: :class:`~scrapy_banker.scheduler.robots.BankerRobotsTxtMiddleware`).
         self.robots_cache = RobotsCache(
             client, self.frontier.keyspace, node, self.stats,
-            # Held while one worker downloads it: as long as that may take.
-            ttl_s=rconfig.robots_ttl, lock_s=settings.getfloat("DOWNLOAD_TIMEOUT", 180.0) + 5.0,
+            # Held while one worker downloads it: as long as that may take, but no
+            # longer than the fleet takes to declare a silent worker dead -- the
+            # lock of one killed mid-fetch would otherwise stall its host's new
+            # owner for DOWNLOAD_TIMEOUT.  A slower download may be made twice.
+            ttl_s=rconfig.robots_ttl,
+            lock_s=min(settings.getfloat("DOWNLOAD_TIMEOUT", 180.0) + 5.0, rconfig.node_timeout),
         )  # fmt: skip
         self.telemetry = NodeTelemetry(
             parts, worker, key=self.frontier.keyspace.telemetry(node), partitions=partitions,

@@ -47,10 +47,12 @@ SPIDER = textwrap.dedent(
                 )
             # Tasks that take a session and never finish: 2 sessions for 3 tasks, so
             # the third waits until BANKER_TASK_TIMEOUT reclaims one; the last
-            # holder is reclaimed at close.
+            # holder is reclaimed at close.  They need no page, so they go to a
+            # host of their own (the farm answers 404): the farm's in-flight
+            # count of the crawled hosts is then pages only.
             for t in range(tasks):
                 yield scrapy.Request(
-                    f"http://h0000.farm.test:{port}/?task={t}",
+                    f"http://h{hosts:04d}.farm.test:{port}/?task={t}",
                     meta={"banker_task": f"t{t}", "banker_max": {"sessions": 1, "pages": 1},
                           "banker_need": {"sessions": 1}, "banker_hold": True},
                     dont_filter=True, callback=self.noop,

@@ -44,10 +44,10 @@ def test_headerless_refusals_back_off_exponentially_with_jitter_and_decay() -> N
         nominal = min(2 * 2**i, 60)
         assert nominal * 0.75 <= wait <= nominal * 1.25, (i, wait)
     assert p.get("a.test").refusals == 6
-    p.succeeded("a.test")
+    p.succeeded("a.test", NOW + 10)
     assert p.get("a.test").refusals == 3
-    p.succeeded("a.test")
-    p.succeeded("a.test")
+    p.succeeded("a.test", NOW + 10)
+    p.succeeded("a.test", NOW + 10)
     assert p.get("a.test").refusals == 0
 
 
@@ -122,3 +122,26 @@ def test_merged_keeps_the_stricter_of_two_views_field_by_field() -> None:
     assert merged.ready_at() == 200.0
     assert theirs.merged(mine) == merged
     assert HostState().merged(mine) == mine
+
+
+def test_a_429_teaches_the_hosts_rate_and_a_503_does_not() -> None:
+    p = Politeness(PolitenessConfig(jitter=0))
+    p.refused("a.test", NOW, 3.0, rate=True)  # the first: nothing served to learn from
+    assert p.get("a.test").learned_interval == 0.0
+    for i in range(6):  # 6 answers from NOW + 3 on, 0.1 s apart...
+        p.succeeded("a.test", NOW + 3 + 0.1 * i)
+    # ...then refused until NOW + 3.6 + 2.4 = NOW + 6: 6 requests per 3 s.
+    state = p.refused("a.test", NOW + 3.6, 2.4, rate=True)
+    assert state.learned_interval == pytest.approx(0.5)
+    assert state.interval == pytest.approx(0.5) and state.served == 0
+    p.sent("a.test", NOW + 6.0)
+    assert p.ready_at("a.test") == pytest.approx(NOW + 6.5)  # spaced from now on
+    # A 503 (rate=False) blocks, and teaches nothing.
+    p.succeeded("b.test", NOW)
+    assert "b.test" not in p.hosts  # a host never refused is not tracked
+    p.refused("b.test", NOW, 1.0)
+    for i in range(3):
+        p.succeeded("b.test", NOW + 1 + i)
+    assert p.refused("b.test", NOW + 4, 1.0).learned_interval == 0.0
+    # It travels with the host's state.
+    assert HostState.from_json(p.get("a.test").to_json()) == p.get("a.test")

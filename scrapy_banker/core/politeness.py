@@ -88,11 +88,16 @@ class HostState:
     #: Delay a throttle settled on for the host (AutoThrottle's slot delay), seconds.
     throttle_delay: float = 0.0
     last_sent: float = 0.0
+    #: The host's rate as its 429s showed it: least seconds between two requests.
+    learned_interval: float = 0.0
+    #: Answers served since the host's last refusal, and when the first of them came.
+    served: int = 0
+    served_since: float = 0.0
 
     @property
     def interval(self) -> float:
         """Least time between two requests to the host."""
-        return max(self.crawl_delay, self.throttle_delay)
+        return max(self.crawl_delay, self.throttle_delay, self.learned_interval)
 
     def ready_at(self) -> float:
         """When the next request to the host may leave."""
@@ -133,7 +138,7 @@ class HostState:
                 raise ValueError(f"host state {key}={value!r} is not a number")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"host state {key}={value!r} is not a finite number >= 0")
-            out[key] = int(value) if key == "refusals" else float(value)
+            out[key] = int(value) if key in ("refusals", "served") else float(value)
         return cls(**out)
 
 
@@ -196,7 +201,13 @@ class Politeness:
         return 0.0 if state is None else state.ready_at()
 
     def refused(
-        self, host: str, now: float, retry_after_s: float | None, *, coalesce: bool = False
+        self,
+        host: str,
+        now: float,
+        retry_after_s: float | None,
+        *,
+        coalesce: bool = False,
+        rate: bool = False,
     ) -> HostState:
         """The host answered with a pushback status; ``retry_after_s`` from its header.
 
@@ -207,6 +218,15 @@ class Politeness:
         times; only its ``Retry-After``, if longer, extends the block.  A
         crawler that holds a blocked host's requests (as the scheduler does)
         passes it; without it every refusal counts.
+
+        ``rate=True`` (a ``429 Too Many Requests``): the host limits a rate,
+        and the refusal says which.  The answers it served since its previous
+        refusal, over the time from the first of them to the end of this
+        block, are its rate: ``learned_interval`` becomes that time divided
+        by their number (capped by ``backoff_max_s``), and the host's requests
+        are spaced by it from then on -- one 429 teaches the crawl not to be
+        refused again at that rate, rather than one 429 per window.  A
+        ``503`` teaches nothing (the host is down for a while, not rationed).
         """
         cfg = self.config
         state = self.get(host)
@@ -221,18 +241,32 @@ class Politeness:
             if cfg.jitter:
                 wait *= 1 + self._rng.uniform(-cfg.jitter, cfg.jitter)
         until = max(state.blocked_until, now + wait)
-        return self._set(host, replace(state, blocked_until=until, refusals=refusals))
+        learned = state.learned_interval
+        if rate and state.served:
+            learned = min((until - state.served_since) / state.served, cfg.backoff_max_s)
+        return self._set(host, replace(
+            state, blocked_until=until, refusals=refusals, learned_interval=learned,
+            served=0, served_since=0.0,
+        ))  # fmt: skip
 
     def blocked(self, host: str, now: float) -> bool:
         """Is the host blocked (Retry-After or backoff) at ``now``? (An interval is no block.)"""
         state = self.hosts.get(host)
         return state is not None and state.blocked_until > now
 
-    def succeeded(self, host: str) -> None:
-        """A response that was not a pushback: the refusal count decays (halves)."""
+    def succeeded(self, host: str, now: float) -> None:
+        """A response that was not a pushback: the refusal count decays (halves).
+
+        A host refused before also counts it toward its rate (see :meth:`refused`).
+        """
         state = self.hosts.get(host)
-        if state is not None and state.refusals:
-            self._set(host, replace(state, refusals=state.refusals // 2))
+        if state is None or not (state.refusals or state.served or state.learned_interval):
+            return
+        served_since = state.served_since if state.served else now
+        self._set(host, replace(
+            state, refusals=state.refusals // 2, served=state.served + 1,
+            served_since=served_since,
+        ))  # fmt: skip
 
     def gave_up(self, host: str) -> bool:
         """Has the host refused ``max_refusals`` times in a row?"""

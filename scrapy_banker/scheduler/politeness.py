@@ -302,7 +302,9 @@ class PolitenessGate:
     def _record(self, response: Response, slot: str) -> HostState:
         now = self.clock()
         retry_after = parse_retry_after(response.headers.get(b"Retry-After"), now)
-        state = self.politeness.refused(slot, now, retry_after, coalesce=True)
+        state = self.politeness.refused(
+            slot, now, retry_after, coalesce=True, rate=response.status == 429
+        )
         self.stats.inc_value("banker/pushback/refused")
         if retry_after is not None:
             self.stats.inc_value("banker/pushback/retry_after")
@@ -323,7 +325,7 @@ class PolitenessGate:
         status = response.status
         if status not in self.codes:
             if self._hosts:
-                politeness.succeeded(slot)
+                politeness.succeeded(slot, self.clock())
                 if self.given_up and slot in self.given_up and not politeness.gave_up(slot):
                     self.given_up.discard(slot)
                     logger.info("Host %s answers again: its requests are sent again", slot)

@@ -82,6 +82,11 @@ What is measured (the last stdout line is one JSON object)
     throughput.  Each run says which hosts finished last and how they push
     back (``last_hosts``).
 
+    ``politeness_bound_s`` (and its host, ``politeness_bound_host``) is the
+    least time any crawl that keeps every host's limits can take
+    (:func:`politeness_bound_s`); ``wall_over_bound_<sched>`` compares each
+    banker peer with it.  A peer finishing below it broke a limit.
+
     Targets, for ``banker`` and ``banker_1w`` each (``target_<what>_<sched>``,
     all of them in ``targets_met``): no Retry-After and no Crawl-delay
     violation and no page missing (through the kill and the join), at least
@@ -429,6 +434,35 @@ def crawl(peer: str, workload: Workload, opts: Options, farm: Any, redis_url: st
 # -- the report --------------------------------------------------------------------------
 
 
+def politeness_bound_s(config: FarmConfig, per_host: int) -> tuple[float, str]:
+    """The least time a crawl that keeps every host's limits takes, and its host.
+
+    Per host, its pages at what the farm allows: a rate limit of ``r`` per
+    ``w`` s serves ``n`` pages in no less than ``(ceil(n / r) - 1) x w``; a
+    Crawl-delay ``d`` spaces them ``(n - 1) x d``; any host takes ``n x
+    latency / per_host``.  503 bursts only add to it.  No polite crawl can end
+    sooner than its largest host's bound; a peer that does broke a limit.
+    """
+    model = FarmModel(config)
+    pages: dict[str, int] = {}
+    for url in model.expected_urls(1):
+        host = url.split("/")[2].split(":")[0]
+        pages[host] = pages.get(host, 0) + 1
+    specs = model.pushback_hosts()
+    best, where = 0.0, ""
+    for host, n in pages.items():
+        bound = n * config.latency_ms / 1000.0 / per_host
+        spec = specs.get(host)
+        if spec is not None and spec.rate_limit is not None:
+            limit = spec.rate_limit
+            bound = max(bound, (-(-n // limit.requests) - 1) * limit.window_s)
+        if spec is not None and spec.crawl_delay_s is not None:
+            bound = max(bound, (n - 1) * spec.crawl_delay_s)
+        if bound > best:
+            best, where = bound, host
+    return round(best, 2), where
+
+
 def report(
     runs: dict[str, list[dict[str, Any]]], workload: Workload, config: FarmConfig, args: Any,
     opts: Options,
@@ -456,6 +490,9 @@ def report(
         "banker_extra_settings": opts.banker_extra,
         "peers": list(runs),
     }
+    out["politeness_bound_s"], out["politeness_bound_host"] = politeness_bound_s(
+        config, workload.per_host
+    )
     keys = ("refused", "retry_after_violations", "crawl_delay_violations", "pages_missing",
             "wall_s", "process_wall_s", "robots_fetches", "duplicates",
             "max_inflight_per_host")  # fmt: skip
@@ -484,6 +521,9 @@ def report(
         if "scrapy_redis" in runs:
             mine, theirs = out[f"wall_s_{b}"], out["wall_s_scrapy_redis"]
             out[f"wall_ratio_{b}_vs_scrapy_redis"] = _common.rounded(_common.ratio(mine, theirs), 3)
+            out[f"wall_over_bound_{b}"] = _common.rounded(
+                _common.ratio(mine, out["politeness_bound_s"]), 3
+            )
             targets[f"target_wall_le_scrapy_redis_{b}"] = mine is not None and (
                 theirs is None or mine <= theirs
             )

@@ -42,9 +42,10 @@ from scrapy.core.engine import ExecutionEngine
 from scrapy.http import HtmlResponse, Response
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import CrawlSpider, Rule
-from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy_redis.spiders import RedisCrawlSpider
+
+from scrapy_banker.scheduler.engine import looping_call
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -158,7 +159,7 @@ class TopicSampler(_Extension):
 
     def spider_opened(self, spider: scrapy.Spider) -> None:
         self.t0 = time.monotonic()
-        self.loop = create_looping_call(self.sample)
+        self.loop = looping_call(self.sample)
         self.loop.start(self.interval, now=True)
 
     def spider_closed(self, spider: scrapy.Spider, reason: str) -> None:
@@ -376,7 +377,7 @@ class CrawlSampler(_Extension):
             return request
 
         scheduler.next_request = next_request
-        self._call = create_looping_call(self.sample)
+        self._call = looping_call(self.sample)
         self._call.start(self.interval, now=False)
 
     def sample(self) -> None:

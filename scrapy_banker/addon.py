@@ -83,8 +83,10 @@ def _swap_robotstxt(settings: Settings) -> None:
     if any(load_object(c) in (scrapy_cls, banker_cls) for c in components):
         return
     order = settings.getdict("DOWNLOADER_MIDDLEWARES_BASE").get(ROBOTSTXT_MIDDLEWARES[0], 100)
-    components[scrapy_cls] = None
-    components[banker_cls] = order
+    # By the paths Scrapy's base setting uses: Scrapy 2.13 matches a class
+    # given as a key only to itself, not to the same class named by its path.
+    components[ROBOTSTXT_MIDDLEWARES[0]] = None
+    components[ROBOTSTXT_MIDDLEWARES[1]] = order
     settings.set(
         "DOWNLOADER_MIDDLEWARES", components, settings.getpriority("DOWNLOADER_MIDDLEWARES") or 0
     )

@@ -18,7 +18,8 @@ fixed; the add-on puts it in place of Scrapy's (same order, 100) when
   (and the last request's time) travels with the host's partition.  The
   requests dispatched before the delay was known -- the host's first ones,
   waiting here for its robots.txt -- are let through one interval apart.
-  On Scrapy < 2.18 parsers have no ``crawl_delay``: nothing is applied.
+  On Scrapy < 2.18 only the default parser (Protego) gives it; with
+  another parser nothing is applied.
 * **Once per fleet.**  On :class:`~scrapy_banker.redis.scheduler.BankerRedisScheduler`
   the body comes through the store's ``robots_cache``
   (:class:`~scrapy_banker.redis.robots_cache.RobotsCache`): one worker of
@@ -224,10 +225,20 @@ class BankerRobotsTxtMiddleware(RobotsTxtMiddleware):
 
 
 def _crawl_delay(rp: RobotParser, useragent: str | bytes) -> float | None:
-    """The parser's Crawl-delay for ``useragent`` (Scrapy >= 2.18), else None."""
+    """The parser's Crawl-delay for ``useragent`` (Scrapy >= 2.18), else None.
+
+    On older Scrapy, Scrapy's default parser (``ProtegoRobotParser``) keeps
+    its Protego object in ``rp``, which has had ``crawl_delay`` all along:
+    asked there, so Scrapy 2.13-2.17 with the default parser get it too.
+    """
     crawl_delay = getattr(rp, "crawl_delay", None)
     if crawl_delay is None:
-        return None
+        protego: Any = getattr(rp, "rp", None)
+        if protego is None or type(protego).__module__.split(".")[0] != "protego":
+            return None
+        crawl_delay = protego.crawl_delay
+        if isinstance(useragent, bytes):
+            useragent = useragent.decode("utf-8", "replace")
     try:
         delay = crawl_delay(useragent)
     except Exception:  # a third-party parser's bug must not stop the crawl

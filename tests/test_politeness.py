@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from scrapy_banker.core.politeness import HostState, Politeness, PolitenessConfig, parse_retry_after
+from scrapy_banker.core.politeness import (
+    RATE_DECAY,
+    HostState,
+    Politeness,
+    PolitenessConfig,
+    parse_retry_after,
+)
 
 NOW = 1_800_000_000.0
 
@@ -136,6 +142,8 @@ def test_a_429_teaches_the_hosts_rate_and_a_503_does_not() -> None:
     assert state.interval == pytest.approx(0.5) and state.served == 0
     p.sent("a.test", NOW + 6.0)
     assert p.ready_at("a.test") == pytest.approx(NOW + 6.5)  # spaced from now on
+    p.succeeded("a.test", NOW + 6.1)  # each answer served speeds it up a little
+    assert p.get("a.test").learned_interval == pytest.approx(0.5 * RATE_DECAY)
     # A 503 (rate=False) blocks, and teaches nothing.
     p.succeeded("b.test", NOW)
     assert "b.test" not in p.hosts  # a host never refused is not tracked

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
+    "RATE_DECAY",
     "HostState",
     "Politeness",
     "PolitenessConfig",
@@ -143,6 +144,10 @@ class HostState:
 
 
 _DEFAULT = HostState()
+
+#: Each answer served shrinks a learned interval by this factor (see
+#: :meth:`Politeness.succeeded`): ~14 answers halve it.
+RATE_DECAY = 0.95
 
 
 def parse_retry_after(value: str | bytes | None, now: float) -> float | None:
@@ -257,7 +262,10 @@ class Politeness:
     def succeeded(self, host: str, now: float) -> None:
         """A response that was not a pushback: the refusal count decays (halves).
 
-        A host refused before also counts it toward its rate (see :meth:`refused`).
+        A host refused before also counts it toward its rate (see :meth:`refused`),
+        and its learned interval shrinks by :data:`RATE_DECAY`: one cycle's
+        estimate errs slow (a ``Retry-After`` is whole seconds), so the crawl
+        speeds up again until the next 429 measures the rate anew.
         """
         state = self.hosts.get(host)
         if state is None or not (state.refusals or state.served or state.learned_interval):
@@ -265,7 +273,7 @@ class Politeness:
         served_since = state.served_since if state.served else now
         self._set(host, replace(
             state, refusals=state.refusals // 2, served=state.served + 1,
-            served_since=served_since,
+            served_since=served_since, learned_interval=state.learned_interval * RATE_DECAY,
         ))  # fmt: skip
 
     def gave_up(self, host: str) -> bool:

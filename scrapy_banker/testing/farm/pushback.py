@@ -43,7 +43,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 __all__ = [
     "CRAWL_DELAY_TOLERANCE",
@@ -77,6 +77,9 @@ MAX_EVENTS: Final = 100
 _EPS: Final = 1e-9
 
 
+_Spec = TypeVar("_Spec")
+
+
 def _fields(cls: type[Any], value: object, what: str) -> dict[str, Any]:
     """The keyword arguments of a spec given as a mapping (JSON), with clear errors."""
     if not isinstance(value, Mapping):
@@ -86,6 +89,14 @@ def _fields(cls: type[Any], value: object, what: str) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{what}: unknown {cls.__name__} keys {unknown}")
     return {str(k): v for k, v in value.items()}
+
+
+def _build(cls: type[_Spec], value: object, what: str) -> _Spec:
+    """``cls`` built from a spec given as a mapping (JSON), with clear errors."""
+    try:
+        return cls(**_fields(cls, value, what))
+    except TypeError as exc:  # pragma: no cover - _fields checks the names
+        raise ValueError(f"{what}: {exc}") from exc
 
 
 def _is_int(value: object) -> bool:
@@ -149,12 +160,7 @@ class RateLimit:
     @classmethod
     def coerce(cls, value: RateLimit | Mapping[str, Any], what: str = "rate limit") -> RateLimit:
         """A :class:`RateLimit` from itself or from its JSON object."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(**_fields(cls, value, what))
-        except TypeError as exc:  # pragma: no cover - _fields checks the names
-            raise ValueError(f"{what}: {exc}") from exc
+        return value if isinstance(value, cls) else _build(cls, value, what)
 
 
 @dataclass(frozen=True)
@@ -213,12 +219,7 @@ class Burst:
     @classmethod
     def coerce(cls, value: Burst | Mapping[str, Any], what: str = "burst") -> Burst:
         """A :class:`Burst` from itself or from its JSON object."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(**_fields(cls, value, what))
-        except TypeError as exc:  # pragma: no cover - _fields checks the names
-            raise ValueError(f"{what}: {exc}") from exc
+        return value if isinstance(value, cls) else _build(cls, value, what)
 
 
 def _format_seconds(seconds: float) -> str:

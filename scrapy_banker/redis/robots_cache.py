@@ -36,6 +36,7 @@ from twisted.internet.threads import deferToThread
 
 from scrapy_banker.redis.connection import REDIS_ERRORS
 from scrapy_banker.redis.keys import decode
+from scrapy_banker.scheduler.engine import sleep
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -114,7 +115,7 @@ class RobotsCache:
                 if await _in_thread(self._lock, lock):
                     break
                 waited = True
-                await _sleep(POLL_S)
+                await sleep(POLL_S)
         except REDIS_ERRORS as exc:
             self._down(exc)
             return await download()
@@ -165,12 +166,3 @@ _T = TypeVar("_T")
 async def _in_thread(func: Callable[..., _T], *args: object) -> _T:
     """``func(*args)`` in Twisted's thread pool: Redis never blocks the reactor."""
     return await maybe_deferred_to_future(deferToThread(func, *args))
-
-
-async def _sleep(seconds: float) -> None:
-    """Wait on the reactor (imported here: importing it at module level would install
-    the default reactor before Scrapy installs the one its settings ask for)."""
-    from twisted.internet import reactor
-    from twisted.internet.task import deferLater
-
-    await maybe_deferred_to_future(deferLater(reactor, seconds, lambda: None))

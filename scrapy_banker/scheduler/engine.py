@@ -75,6 +75,22 @@ def looping_call(func: Callable[[], Any]) -> Any:
     return create_looping_call(func)
 
 
+def later(seconds: float) -> Any:
+    """A Deferred fired after ``seconds`` on the reactor (imported here: importing it at
+    module level would install the default reactor before Scrapy installs its own)."""
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    return deferLater(reactor, seconds, lambda: None)
+
+
+async def sleep(seconds: float) -> None:
+    """Wait ``seconds`` on the reactor, from a coroutine."""
+    from scrapy.utils.defer import maybe_deferred_to_future
+
+    await maybe_deferred_to_future(later(seconds))
+
+
 class Timer(Protocol):
     """A one-shot timer that can be cancelled (before or after it fired)."""
 

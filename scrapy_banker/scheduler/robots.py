@@ -47,7 +47,7 @@ from twisted.internet.defer import Deferred
 
 from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.core.politeness import Politeness
-from scrapy_banker.scheduler.engine import running_scheduler
+from scrapy_banker.scheduler.engine import running_scheduler, sleep
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -137,7 +137,7 @@ class BankerRobotsTxtMiddleware(RobotsTxtMiddleware):
         politeness.sent(slot, at)
         if at > now:
             self._counters().inc_value("banker/robots/held")
-            await _sleep(at - now)
+            await sleep(at - now)
 
     # -- robots.txt --------------------------------------------------------------------
 
@@ -245,12 +245,3 @@ def _crawl_delay(rp: RobotParser, useragent: str | bytes) -> float | None:
         logger.exception("robots.txt parser %s failed on crawl_delay()", type(rp).__name__)
         return None
     return None if delay is None else max(0.0, float(delay))
-
-
-async def _sleep(seconds: float) -> None:
-    """Wait on the reactor (imported here: importing it at module level would install
-    the default reactor before Scrapy installs the one its settings ask for)."""
-    from twisted.internet import reactor
-    from twisted.internet.task import deferLater
-
-    await maybe_deferred_to_future(deferLater(reactor, seconds, lambda: None))

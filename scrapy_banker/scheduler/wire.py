@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import maybe_deferred_to_future
 
-from scrapy_banker.scheduler.engine import running_scheduler
+from scrapy_banker.scheduler.engine import later, running_scheduler
 from scrapy_banker.scheduler.politeness import PolitenessGate
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class WireGateMiddleware:
                 self._now(request, where)
                 wait = self._wait(request)
                 if wait > 0:
-                    await maybe_deferred_to_future(_later(wait))
+                    await maybe_deferred_to_future(later(wait))
                     self._now(request, where)
                 return await original_async(request)
 
@@ -168,16 +168,7 @@ class WireGateMiddleware:
                     self._now(request, where)
                     return original(request, spider)
 
-                return _later(wait).addCallback(send)
+                return later(wait).addCallback(send)
 
             handlers.download_request = download_request
             self.wrapped = True
-
-
-def _later(seconds: float) -> Any:
-    """A Deferred fired after ``seconds`` on the reactor (imported here: importing it at
-    module level would install the default reactor before Scrapy installs its own)."""
-    from twisted.internet import reactor
-    from twisted.internet.task import deferLater
-
-    return deferLater(reactor, seconds, lambda: None)

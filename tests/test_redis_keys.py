@@ -27,6 +27,7 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
         seen="{banker:shop:3}:seen",
         bloom="{banker:shop:3}:bloom",
         hosts="{banker:shop:3}:hosts",
+        over="{banker:shop:3}:over",
     )
     assert keys.partition(3).level(-2) == "{banker:shop:3}:lv:-2"
     assert (keys.nodes, keys.heartbeats, keys.table) == (
@@ -51,6 +52,12 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
     # Expiring, per origin: a flush leaves them (robots.txt is no crawl state).
     assert keys.robots("https://a.test:8443") == "banker:shop:robots:https://a.test:8443"
     assert keys.robots_lock("http://a.test") == "banker:shop:robots-lock:http://a.test"
+    assert (keys.control, keys.control_log, keys.known_hosts, keys.budget) == (
+        "banker:shop:control",
+        "banker:shop:control:log",
+        "banker:shop:known-hosts",
+        "banker:shop:budget",
+    )
 
 
 def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
@@ -58,7 +65,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
     slots = []
     for p in range(64):
         names = keys.partition(p).names()
-        assert len(names) == 9
+        assert len(names) == 10
         # The level lists too: the scripts name them from the levels key.
         names += (keys.partition(p).level(0), keys.partition(p).level(-7))
         assert len({key_slot(n.encode()) for n in names}) == 1
@@ -69,7 +76,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
 def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
     keys = Keyspace(PREFIX, 4)
     cleared = list(keys.cleared())
-    assert len(cleared) == len(set(cleared)) == 4 * 9 + 11
+    assert len(cleared) == len(set(cleared)) == 4 * 10 + 14
     for p in range(4):
         assert set(keys.partition(p).names()) <= set(cleared)
     assert {
@@ -83,9 +90,13 @@ def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
         keys.net_placed,
         keys.net_backlog,
         keys.plan_gate,
+        keys.control,
+        keys.known_hosts,
+        keys.budget,
     } <= set(cleared)
     # Links do not change between crawls: a re-crawl places its sites at once.
-    assert not {keys.net_bs, keys.rtt("n1"), keys.bw("n1")} & set(cleared)
+    # The operators' log is the record of who did what.
+    assert not {keys.net_bs, keys.rtt("n1"), keys.bw("n1"), keys.control_log} & set(cleared)
     assert not any(":net:rtt:" in k or ":net:bw:" in k for k in cleared)
 
 

@@ -66,4 +66,7 @@ class DeadLetters:
 
     def _call(self, partition: int, request_id: str, reason: str) -> ScriptCall:
         k = self.link.keys(partition)
-        return ScriptCall([k.leases, k.payloads, k.meta, k.dead], [request_id, reason, partition])
+        return ScriptCall(
+            [k.leases, k.payloads, k.meta, k.dead, *self.link.budget_keys],
+            [request_id, reason, partition],
+        )

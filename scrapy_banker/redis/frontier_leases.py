@@ -199,8 +199,9 @@ class Leases:
         """
         keys_of = _LEASE_KEYS[name]
         head: list[str | int] = [self.lease_ttl_ms] if name == "renew" else []
+        tail = self.link.budget_keys if name in ("ack", "nack") else []
         return [
-            ScriptCall(keys_of(self.link.keys(p)), [*head, *batch])
+            ScriptCall([*keys_of(self.link.keys(p)), *tail], [*head, *batch])
             for p, batch in ids.items()
             if batch
         ]

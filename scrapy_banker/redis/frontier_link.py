@@ -50,3 +50,13 @@ class FrontierLink:
 
     def keys(self, partition: int) -> PartitionKeys:
         return self.keyspace.partition(partition)
+
+    @property
+    def budget_keys(self) -> list[str]:
+        """The crawl-wide budget hash, as the last key of a script that may refund a page.
+
+        Empty on a cluster: it is in another slot than any partition, so a
+        partition's script cannot touch it there -- topic and crawl budgets
+        need a single server (:mod:`scrapy_banker.redis.control`).
+        """
+        return [] if self.cluster else [self.keyspace.budget]

@@ -87,7 +87,7 @@ class LeaseReaper:
 
     def _call(self, partition: int, limit: int) -> ScriptCall:
         k = self.link.keys(partition)
-        keys = [k.levels, k.leases, k.payloads, k.meta, k.dead]
+        keys = [k.levels, k.leases, k.payloads, k.meta, k.dead, *self.link.budget_keys]
         return ScriptCall(keys, [self.max_deliveries, int(limit), partition])
 
     def _reaped(self, partition: int, answer: Any) -> tuple[int, int]:

@@ -59,6 +59,12 @@ class PartitionKeys:
     #: pop) and read by a new owner before it dispatches the partition's
     #: requests.  A host back to the default state has no field.
     hosts: str
+    #: List of the requests held over a budget (``lua/charge.lua``):
+    #: ``"<id>\t<priority>\t<host>\t<payload>"``, back in the queue when a
+    #: budget is raised (``lua/release.lua``).  Budget counts live in
+    #: :attr:`meta`: ``u:<host>`` pages charged, ``o:<host>`` requests held,
+    #: ``b:<id>`` what a leased request was charged to.
+    over: str
 
     def names(self) -> tuple[str, ...]:
         """The fixed keys; the level lists are named by what :attr:`levels` holds."""
@@ -118,6 +124,18 @@ class Keyspace:
         #: How many shards the crawl-wide Bloom filter has (:meth:`bloom_shard`),
         #: fixed when the first worker wrote it.
         self.bloom_shards = f"{prefix}:bloom-shards"
+        # -- run-time control and budgets (ControlChannel) --
+        #: The operator's directives in force, as JSON
+        #: (:class:`~scrapy_banker.core.control.ControlState`).
+        self.control = f"{prefix}:control"
+        #: List of every operator action (JSON: who, when, what), newest first, capped.
+        self.control_log = f"{prefix}:control:log"
+        #: Set of the host names the crawl has queued requests of (what
+        #: ``pause HOST`` and friends accept without ``--force``).
+        self.known_hosts = f"{prefix}:known-hosts"
+        #: Hash of the pages charged crawl-wide: ``t:<topic>``, ``c`` (the
+        #: crawl); a single server only (a host's count is in its partition).
+        self.budget = f"{prefix}:budget"
 
     def __repr__(self) -> str:
         return f"Keyspace({self.prefix!r}, partitions={self.partitions})"
@@ -136,6 +154,7 @@ class Keyspace:
             seen=f"{tag}:seen",
             bloom=f"{tag}:bloom",
             hosts=f"{tag}:hosts",
+            over=f"{tag}:over",
         )
 
     def bloom_shard(self, shard: int) -> str:
@@ -203,9 +222,11 @@ class Keyspace:
         Every partition's keys go, and with them whatever is tied to the old
         table: the fleet, the locks, the partition -> site map, the placed
         costs, the backlogs, the plan gate.  The fleet's network measurements
-        (:meth:`rtt`, :meth:`bw`, :attr:`net_bs`) are kept on purpose: links
+        (:meth:`rtt`, :meth:`bw`, :attr:`net_bs`) and the operators' log
+        (:attr:`control_log`) are kept on purpose: links
         do not change between crawls, and a re-crawl that finds them places
-        its sites at once.  Probe keys expire by themselves.  Named one by
+        its sites at once, and the log is the record of who did what.
+        Probe keys expire by themselves.  Named one by
         one, never found by ``KEYS``/``SCAN`` (which a cluster runs per node);
         each partition's level lists (:meth:`PartitionKeys.level`) are named
         by its :attr:`~PartitionKeys.levels` set and the Bloom shards by
@@ -225,6 +246,9 @@ class Keyspace:
         yield self.net_backlog
         yield self.plan_gate
         yield self.bloom_shards
+        yield self.control
+        yield self.known_hosts
+        yield self.budget
 
 
 def decode(value: object, lossy: bool = False) -> str:

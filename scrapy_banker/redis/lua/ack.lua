@@ -1,11 +1,14 @@
 -- Acknowledge processed requests: forget their lease, payload and counters.
--- KEYS: 1 leases, 2 payloads, 3 meta.  ARGV: ids, or id#delivery tokens.  Returns how many were leased.
+-- KEYS: 1 leases, 2 payloads, 3 meta, [4 the crawl-wide budget hash].  ARGV: ids, or
+-- id#delivery tokens ("id#deliveryr": the request was not fetched after all, its
+-- budget page is given back).  Returns how many were leased.
+-- #include _budget
 -- Idempotent, and an ack that arrives after the lease expired and the request
 -- went back to the queue changes nothing: it will be delivered again
 -- (at-least-once), never lost.
 local acked = 0
 for i = 1, #ARGV do
-  local id, token = string.match(ARGV[i], "^(.*)#(%d+)$")
+  local id, token, back = string.match(ARGV[i], "^(.-)#(%d+)(r?)$")
   if not id then id = ARGV[i] end
   -- "id#n" acts only on delivery n: a holder whose lease expired and was
   -- handed to another node must not ack or requeue that node's delivery.
@@ -15,8 +18,9 @@ for i = 1, #ARGV do
     local e = redis.call("HGET", KEYS[3], "e:" .. id)
     -- A counter at zero is deleted: epochs come and go, their fields must not stay.
   if e and redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[3], "h:" .. e) end
+    if back == "r" then refund(KEYS[3], id, KEYS[4]) end
     redis.call("HDEL", KEYS[2], id)
-    redis.call("HDEL", KEYS[3], "d:" .. id, "s:" .. id, "e:" .. id, "c:" .. id, "f:" .. id)
+    redis.call("HDEL", KEYS[3], "b:" .. id, "d:" .. id, "s:" .. id, "e:" .. id, "c:" .. id, "f:" .. id)
   end
 end
 -- The partition drained: its meta is back to a few counters.  A hash that

@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["HostSync", "stored"]
 
+
 def stored(state: HostState, now: float) -> str:
     """What a host's partition keeps of ``state``: its JSON, or ``""`` (nothing to enforce)."""
     if not state.refusals and not state.interval and state.blocked_until <= now:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_banker.core.spill import merge
 from scrapy_banker.redis.connection import REDIS_ERRORS
+from scrapy_banker.redis.worker_control import ControlJob
 from scrapy_banker.redis.worker_jobs import (
     DrainWatch,
     Flusher,
@@ -64,11 +65,14 @@ if TYPE_CHECKING:
     from collections import deque
     from collections.abc import Callable
 
+    from scrapy_banker.core.control import BudgetRules
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.core.spill import SpillOps
+    from scrapy_banker.redis.control import ControlChannel
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.redis.placement import PlacementAgent
     from scrapy_banker.redis.registry import NodeRegistry
+    from scrapy_banker.redis.worker_control import Charge
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +135,8 @@ class FrontierWorker:
         placement: PlacementAgent | None = None,
         on_ready: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        control: ControlChannel | None = None,
+        budgets: BudgetRules | None = None,
     ) -> None:
         options = WorkerOptions() if options is None else options
         self.options = options
@@ -161,6 +167,11 @@ class FrontierWorker:
             link, state, pending=self.pending_ops, slots=options.slots, steal=options.steal
         )
         self.telemetry = TelemetryWriter(link, state)
+        #: Reads the operator's directives, charges budgets (None: no control channel).
+        self.control = None if control is None else ControlJob(
+            link, state, control, interval_s=options.heartbeat_s / 2, rules=budgets,
+            on_ready=on_ready,
+        )  # fmt: skip
         #: Leased requests for the scheduler; deque appends/pops are thread-safe.
         self.inbound = state.inbound
         #: False from the first failed Redis call until one succeeds again.
@@ -231,9 +242,13 @@ class FrontierWorker:
         self.state.signals.drained_since = None
         self._kick()
 
-    def ack(self, token: LeaseToken) -> None:
-        """The request is done, callback output included (its children are enqueued first)."""
-        self.state.outbox.ack(token)
+    def ack(self, token: LeaseToken, refund: bool = False) -> None:
+        """The request is done, callback output included (its children are enqueued first).
+
+        ``refund``: it was not fetched after all (put back for later): its
+        budget page is given back.
+        """
+        self.state.outbox.ack(token, refund)
         self._kick()
 
     def nack(self, token: LeaseToken) -> None:
@@ -253,6 +268,12 @@ class FrontierWorker:
 
     def dead_letter(self, token: LeaseToken, reason: str) -> None:
         self.state.outbox.dead_letter(token, reason)
+        self._kick()
+
+    def charge(self, charge: Charge) -> None:
+        """Charge a leased request to its budgets before it is let go (answer in
+        :attr:`ControlBox.results <scrapy_banker.redis.worker_control.ControlBox.results>`)."""
+        self.state.control.charge(charge)
         self._kick()
 
     def host_state(self, host: str, partition: int, epoch: int, state: str) -> None:
@@ -368,13 +389,14 @@ class FrontierWorker:
         self.membership.run_once(now)
         flushed = self.flusher.run_once()
         self.telemetry.run_once()
+        charged = self.control is not None and self.control.run_once(now)
         self.reaper.run_once(now)
         self.sync.run_once(now)
         popped = self.popper.run_once()
         signals = self.state.signals
         if not flushed and not popped and (signals.local_idle or signals.hungry):
             self.drain.run_once(now)
-        return bool(flushed or popped)
+        return bool(flushed or popped or charged)
 
     def _run(self) -> None:
         counters = self.state.counters

@@ -50,7 +50,7 @@ from scrapy_banker.redis.connection import REDIS_ERRORS
 from scrapy_banker.redis.frontier_hosts import HostWrite
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence, Set
 
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.net.partitions import Move
@@ -105,11 +105,17 @@ STEAL_BACKOFF_MAX_S = 2.0
 REAP_HOLD_FRACTION = 0.8
 
 
-def refs(tokens: Sequence[LeaseToken]) -> dict[int, list[str]]:
-    """Partition -> ``id#delivery`` refs: the ack and nack scripts act on that delivery only."""
+def refs(
+    tokens: Sequence[LeaseToken], refunds: Set[LeaseToken] = frozenset()
+) -> dict[int, list[str]]:
+    """Partition -> ``id#delivery`` refs: the ack and nack scripts act on that delivery only.
+
+    A token in ``refunds`` gets an ``r``: the ack gives its budget page back.
+    """
     out: dict[int, list[str]] = {}
     for token in tokens:
-        out.setdefault(token.partition, []).append(token.ref)
+        ref = token.ref + "r" if refunds and token in refunds else token.ref
+        out.setdefault(token.partition, []).append(ref)
     return out
 
 
@@ -147,8 +153,8 @@ class Flusher:
                 sent += len(chunk)
             rest = enqueues[sent:]
             done = frontier.flush(
-                rest, batch.dead, refs(batch.acks), refs(batch.nacks), refs(batch.starts),
-                hosts=self.host_writes(batch.hosts), node=self.link.node,
+                rest, batch.dead, refs(batch.acks, batch.refunds), refs(batch.nacks),
+                refs(batch.starts), hosts=self.host_writes(batch.hosts), node=self.link.node,
             )  # fmt: skip
             self.record_enqueued(rest, done.enqueued)
             sent = len(enqueues)

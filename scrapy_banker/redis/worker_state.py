@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from scrapy_banker.core.spill import SpillOps
+from scrapy_banker.redis.worker_control import ControlBox
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -79,6 +80,8 @@ class Batch:
     starts: list[LeaseToken]
     #: Host -> (partition, epoch, state JSON or "" to delete): the latest of each.
     hosts: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    #: Acks of requests never fetched after all (put back): their budget page goes back.
+    refunds: set[LeaseToken] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(
@@ -103,6 +106,7 @@ class Outbox:
         self._starts: list[LeaseToken] = []
         self._downloaded: list[LeaseToken] = []
         self._hosts: dict[str, tuple[int, int, str]] = {}
+        self._refunds: set[LeaseToken] = set()
         #: The latest telemetry write (key, JSON, expiry in ms), replaced whole
         #: by the reactor thread; a newer one supersedes an unsent one.
         self.telemetry: tuple[str, str, int] | None = None
@@ -117,9 +121,11 @@ class Outbox:
         with self._lock:
             self._dead.append((token, reason))
 
-    def ack(self, token: LeaseToken) -> None:
+    def ack(self, token: LeaseToken, refund: bool = False) -> None:
         with self._lock:
             self._acks.append(token)
+            if refund:
+                self._refunds.add(token)
 
     def nack(self, token: LeaseToken) -> None:
         with self._lock:
@@ -150,10 +156,11 @@ class Outbox:
         """Everything to send, in one snapshot (the outbox is empty after it)."""
         with self._lock:
             batch = Batch(
-                self._enqueues, self._dead, self._acks, self._nacks, self._starts, self._hosts
-            )
+                self._enqueues, self._dead, self._acks, self._nacks, self._starts, self._hosts,
+                self._refunds,
+            )  # fmt: skip
             self._enqueues, self._dead, self._acks, self._nacks, self._starts = [], [], [], [], []
-            self._hosts = {}
+            self._hosts, self._refunds = {}, set()
         return batch
 
     def put_back(self, batch: Batch, sent: int = 0) -> None:
@@ -169,6 +176,7 @@ class Outbox:
             self._acks[:0] = batch.acks
             self._nacks[:0] = batch.nacks
             self._starts[:0] = batch.starts
+            self._refunds |= batch.refunds
             for host, write in batch.hosts.items():
                 self._hosts.setdefault(host, write)  # a newer state wins
 
@@ -378,3 +386,5 @@ class WorkerState:
         #: leases in :attr:`inbound`: the scheduler adopts them before it
         #: dispatches those.
         self.adopted: deque[tuple[int, int, dict[str, str]]] = deque()
+        #: Budget charges and the operator's directives (:mod:`scrapy_banker.redis.worker_control`).
+        self.control = ControlBox()

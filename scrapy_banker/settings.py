@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
+from scrapy_banker.core.control import BudgetRules
 from scrapy_banker.core.hashing import KEY_POLICIES
 from scrapy_banker.core.politeness import PolitenessConfig
 from scrapy_banker.core.topics import TopicSpec
@@ -78,6 +79,7 @@ Group = Literal[
     "topics",
     "queue",
     "politeness",
+    "budgets",
     "admission",
     "redis",
     "placement",
@@ -143,7 +145,7 @@ def setting(name: str, default: Any, parse: Parser[_T], *, group: Group) -> _T:
 
 
 _TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_TOPIC_KEYS = frozenset({"priority", "slice", "target"})
+_TOPIC_KEYS = frozenset({"priority", "slice", "target", "budget"})
 _RULE_KEYS = frozenset({"url", "callback", "topic"})
 
 
@@ -287,8 +289,10 @@ def _optional_token(name: str, value: Any, ctx: Context) -> str | None:
         return None
     if not isinstance(value, str) or len(value) < 16 or not value.isprintable():
         # Never echo a secret (even a bad one) into a log or a terminal.
-        shown = f"<{type(value).__name__} of length {len(value)}>" if isinstance(value, str) else (
-            f"<{type(value).__name__}>"
+        shown = (
+            f"<{type(value).__name__} of length {len(value)}>"
+            if isinstance(value, str)
+            else (f"<{type(value).__name__}>")
         )
         raise ValueError(
             f"Invalid {name}={shown}: expected None (no actions) or a printable string "
@@ -370,11 +374,15 @@ def _topics(name: str, value: Any, ctx: Context) -> dict[str, TopicSpec]:
                 where, spec, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOPIC_KEYS)}"
             )
         target = spec.get("target")
+        budget = spec.get("budget")
+        if budget is not None:
+            _as_positive_int(f"{where}['budget']", budget, 0)
         out[topic] = TopicSpec(
             name=topic,
             priority=_as_int(where, spec.get("priority", 0)),
             slice_s=_as_float(f"{where}['slice']", spec.get("slice", default_slice), 0.0),
             target=None if target is None else _as_positive_int(f"{where}['target']", target, 0),
+            budget=None if budget is None else _as_positive_int(f"{where}['budget']", budget, 0),
         )
     return out
 
@@ -492,6 +500,41 @@ def _connect_timeout(name: str, value: Any, ctx: Context) -> float:
         raise _bad(name, value, "expected seconds >= 0 (0: wait forever), e.g. 30") from None
 
 
+def _optional_budget(name: str, value: Any, ctx: Context) -> int | None:
+    """Pages: None (no budget) or an integer >= 0."""
+    if value is None:
+        return None
+    try:
+        return _as_positive_int(name, value, 0)
+    except ValueError:
+        raise _bad(name, value, "expected None (no budget) or a number of pages >= 0") from None
+
+
+def _host_budgets(name: str, value: Any, ctx: Context) -> tuple[tuple[str, int], ...]:
+    """``{pattern: pages}``: host names or ``fnmatch`` patterns such as ``*.example.com``."""
+    value = _json_if_str(name, value)
+    if not isinstance(value, Mapping):
+        raise _bad(name, value, 'expected a dict of host pattern -> pages, e.g. {"*.gov": 100}')
+    out = []
+    for pattern, pages in value.items():
+        if (
+            not isinstance(pattern, str)
+            or not pattern
+            or "/" in pattern
+            or pattern != pattern.strip().lower()
+        ):
+            raise _bad(
+                name, pattern,
+                "a key is a lower-case host name or pattern such as 'example.com' or "
+                "'*.example.com' (no scheme, no path)",
+            )  # fmt: skip
+        try:
+            out.append((pattern, _as_positive_int(f"{name}[{pattern!r}]", pages, 0)))
+        except ValueError:
+            raise _bad(f"{name}[{pattern!r}]", pages, "expected a number of pages >= 0") from None
+    return tuple(out)
+
+
 def _probe_path(name: str, value: Any, ctx: Context) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise _bad(name, value, "expected a path starting with '/'")
@@ -550,6 +593,13 @@ class BankerConfig:
     crawl_delay_max: float = setting(
         "BANKER_CRAWL_DELAY_MAX", 60.0, non_negative_float, group="politeness"
     )
+    host_budget: int | None = setting("BANKER_HOST_BUDGET", None, _optional_budget, group="budgets")
+    host_budgets: tuple[tuple[str, int], ...] = setting(
+        "BANKER_HOST_BUDGETS", {}, _host_budgets, group="budgets"
+    )
+    crawl_budget: int | None = setting(
+        "BANKER_CRAWL_BUDGET", None, _optional_budget, group="budgets"
+    )
     resources: Mapping[str, int] = setting("BANKER_RESOURCES", {}, _resources, group="admission")
     task_claims: Mapping[str, Mapping[str, int]] = setting(
         "BANKER_TASK_CLAIMS", {}, _task_claims, group="admission"
@@ -596,6 +646,21 @@ class BankerConfig:
             backoff_max_s=self.pushback_backoff_max,
             max_refusals=self.pushback_max_refusals,
             crawl_delay_max_s=self.crawl_delay_max,
+        )
+
+    def budgets(self) -> BudgetRules:
+        """The :class:`~scrapy_banker.core.control.BudgetRules` these settings give."""
+        topics = {}
+        raw = self.topics
+        for name, spec in raw.items():
+            if spec.budget is not None:
+                topics[name] = spec.budget
+        return BudgetRules(self.host_budget, self.host_budgets, topics, self.crawl_budget)
+
+    def topic_names(self) -> frozenset[str]:
+        """Every topic a request can get: the declared ones, the rules' and the default."""
+        return frozenset(
+            {*self.topics, *(rule.topic for rule in self.topic_rules), self.default_topic}
         )
 
     def topic_priority(self, topic: str) -> int:
@@ -741,7 +806,10 @@ class OpsConfig:
 # -- derived from the table --------------------------------------------------------------
 
 _SECTIONS: tuple[type[DataclassInstance], ...] = (
-    BankerConfig, RedisConfig, PlacementConfig, OpsConfig
+    BankerConfig,
+    RedisConfig,
+    PlacementConfig,
+    OpsConfig,
 )
 
 #: Every setting by name, in declaration order.

@@ -38,6 +38,9 @@ class TopicSpec:
     #: Responses + items per adjuster period that count as "met its target";
     #: ``None`` keeps the slice fixed.
     target: int | None = None
+    #: Pages the topic may be fetched in all (None: no budget); see
+    #: :mod:`scrapy_banker.core.control`.
+    budget: int | None = None
 
     def __post_init__(self) -> None:
         if not self.slice_s > 0:

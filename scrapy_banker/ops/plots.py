@@ -233,9 +233,7 @@ def _matplotlib() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise PlotError(
-            "matplotlib is not installed: pip install scrapy-banker[plot]"
-        ) from None
+        raise PlotError("matplotlib is not installed: pip install scrapy-banker[plot]") from None
     matplotlib.use("Agg")
     return matplotlib
 
@@ -269,8 +267,10 @@ def _figure(mpl: Any, title: str, subtitle: str) -> Any:
 
 def _describe(tl: _Timeline) -> str:
     nodes = f"{len(tl.nodes)} node" + ("s" if len(tl.nodes) != 1 else "")
-    names = f" ({', '.join(tl.nodes)})" if 1 < len(tl.nodes) <= 4 else (
-        f" ({tl.nodes[0]})" if len(tl.nodes) == 1 else ""
+    names = (
+        f" ({', '.join(tl.nodes)})"
+        if 1 < len(tl.nodes) <= 4
+        else (f" ({tl.nodes[0]})" if len(tl.nodes) == 1 else "")
     )
     if tl.count < 2:
         return f"{nodes}{names} · 1 sample"
@@ -291,9 +291,7 @@ def _pages_per_topic(mpl: Any, tl: _Timeline, path: Path) -> None:
     for ss in tl.samples.values():
         for s in ss:
             topics.update(s.topics)
-    final = {
-        name: tl.counter(_topic_pages(name))[-1] for name in topics
-    }
+    final = {name: tl.counter(_topic_pages(name))[-1] for name in topics}
     order = sorted(topics, key=lambda name: (-final[name], name))
     colours = dict(zip(order, _palette(mpl, "tab10", len(order)), strict=True))
 
@@ -408,7 +406,7 @@ def _active_downloads(mpl: Any, tl: _Timeline, path: Path) -> None:
             ax.set_ylim(0, top_limit * 1.3 + 0.5)
             ax.yaxis.get_major_locator().set_params(integer=True)
             ax.set_xlim(0, max(tl.span, tl.step))
-        for ax in axes[len(top):]:
+        for ax in axes[len(top) :]:
             ax.set_visible(False)
     fig.savefig(path)
 
@@ -470,7 +468,7 @@ def _banker(mpl: Any, tl: _Timeline, path: Path) -> str | None:
         extra.set_visible(False)
     for ax in axes[:panels]:
         ax.set_xlim(0, max(tl.span, tl.step))
-    for ax in axes[max(0, panels - cols):panels]:
+    for ax in axes[max(0, panels - cols) : panels]:
         ax.set_xlabel("time since the first sample (s)")
         ax.xaxis.set_tick_params(labelbottom=True)
     handles, labels = axes[0].get_legend_handles_labels()

@@ -24,12 +24,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Subcommand -> module of this package, in the order ``--help`` lists them.
+#: Subcommands with a module of this package each, in the order ``--help`` lists them.
 SUBCOMMANDS = ("status", "explain", "assign", "deadletters", "plot", "dashboard")
+#: The run-time control subcommands, all in :mod:`scrapy_banker.ops.commands.control`.
+CONTROL = ("control", "pause", "resume", "limit", "delay", "budget", "purge", "inject")
 
 
 def _module(name: str) -> ModuleType:
     return importlib.import_module(f"scrapy_banker.ops.commands.{name}")
+
+
+def _control() -> ModuleType:
+    return _module("control")
 
 
 class Command(ScrapyCommand):
@@ -40,7 +46,7 @@ class Command(ScrapyCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_LEVEL": "WARNING"}
 
     def syntax(self) -> str:
-        return f"{{{','.join(SUBCOMMANDS)}}} [options]"
+        return f"{{{','.join(SUBCOMMANDS + CONTROL)}}} [options]"
 
     def short_desc(self) -> str:
         return "Inspect and operate a scrapy-banker crawl (JOBDIR or Redis fleet)"
@@ -54,6 +60,11 @@ class Command(ScrapyCommand):
             # Scrapy's global options (-s, -L, …) also after the subcommand.
             ScrapyCommand.add_options(self, child)
             module.add_arguments(child)
+        control = _control()
+        for name in CONTROL:
+            child = sub.add_parser(name, help=control.HELPS[name], description=control.HELPS[name])
+            ScrapyCommand.add_options(self, child)
+            control.add_arguments_for(name, child)
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         super().process_options(args, opts)
@@ -68,7 +79,7 @@ class Command(ScrapyCommand):
         name = getattr(opts, "subcommand", None)
         if name is None:
             sys.stderr.write(
-                f"scrapy banker: name a subcommand: {', '.join(SUBCOMMANDS)} "
+                f"scrapy banker: name a subcommand: {', '.join(SUBCOMMANDS + CONTROL)} "
                 "(scrapy banker SUBCOMMAND -h for its options)\n"
             )
             self.exitcode = 2
@@ -79,7 +90,10 @@ class Command(ScrapyCommand):
             return
         assert self.settings is not None
         try:
-            self.exitcode = int(_module(name).run(opts, self.settings))
+            if name in CONTROL:
+                self.exitcode = int(_control().run_verb(name, opts, self.settings))
+            else:
+                self.exitcode = int(_module(name).run(opts, self.settings))
         except CommandError as exc:
             sys.stderr.write(f"scrapy banker {name}: {exc}\n")
             self.exitcode = 2

@@ -164,8 +164,11 @@ def _print_jobdir(view: JobdirView) -> None:
     out = console()
     out.print(
         f"JOBDIR {view.path}: {view.queued} requests pending"
-        + (f" ({view.pending} in the journal, {view.pending - view.queued} unreadable)"
-           if view.pending != view.queued else "")
+        + (
+            f" ({view.pending} in the journal, {view.pending - view.queued} unreadable)"
+            if view.pending != view.queued
+            else ""
+        )
     )
     seen = "no journal" if view.seen is None else f"{view.seen} fingerprints seen"
     out.print(

@@ -1,0 +1,180 @@
+"""``scrapy banker pause|resume|limit|delay|budget|purge|inject|control``: steer a running fleet.
+
+Each action changes the fleet's control document in Redis
+(:mod:`scrapy_banker.redis.control`); every worker reads it twice a
+heartbeat, so it is in force fleet-wide within a heartbeat and survives
+rebalances.  Bad input -- an unknown host (``--force`` to set it anyway), a
+malformed URL, a negative budget, a topic the crawl does not have -- is one
+line on stderr, exit code 2, nothing changed.  ``control`` shows the
+directives in force, the budget counts and the log of actions.
+
+A single process has the same control when it runs on Redis (the
+``RedisScheduler`` with one worker); a JOBDIR crawl has budgets from its
+settings only (see ``docs/control.rst``).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from scrapy_banker.core.control import VERBS, ControlError
+from scrapy_banker.ops.commands import CommandError
+from scrapy_banker.ops.commands._common import (
+    add_target_arguments,
+    connect,
+    console,
+    emit_json,
+    fleet_configured,
+    redis_errors,
+    redis_settings,
+    safe_url,
+)
+
+if TYPE_CHECKING:
+    import argparse
+
+    from scrapy.settings import BaseSettings
+
+    from scrapy_banker.ops.control import Controller
+
+#: Subcommand -> one line of help.
+HELPS = {
+    "pause": "Pause a host or topic:NAME fleet-wide (its requests stay queued)",
+    "resume": "Resume a paused host or topic:NAME",
+    "limit": "Set how many requests a host may have in flight (N, or none)",
+    "delay": "Set the least seconds between two requests to a host (0 removes it)",
+    "budget": "Set the pages a HOST, topic:NAME or the crawl may be fetched (N, or none)",
+    "purge": "Move a host's queued requests to the dead letters (reason 'purged')",
+    "inject": "Queue seed URLs in the running fleet (deduplicated), optionally with --topic",
+    "control": "Show the directives in force, the budget counts and the log of actions",
+}
+
+
+def add_arguments_for(verb: str, parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser, positional=False)
+    if verb == "control":
+        parser.add_argument("--log", type=int, default=20, metavar="N", help="last N actions")
+    elif verb == "inject":
+        parser.add_argument("urls", nargs="+", metavar="URL")
+        parser.add_argument("--topic", metavar="NAME", help="topic of the injected requests")
+    else:
+        parser.add_argument("target", metavar="TARGET", help=VERBS[verb])
+        if verb not in ("pause", "resume", "purge"):
+            parser.add_argument("value", metavar="VALUE")
+        parser.add_argument(
+            "--force", action="store_true",
+            help="act on a host the crawl has not queued a request of (yet)",
+        )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()} (scrapy banker)"
+
+
+def _controller(opts: argparse.Namespace, settings: BaseSettings) -> Controller:
+    from scrapy_banker.ops.control import Controller
+    from scrapy_banker.redis.frontier import RedisFrontier
+    from scrapy_banker.settings import load_config
+
+    if not fleet_configured(settings, opts):
+        raise CommandError(
+            "run-time control acts on a crawl that runs on Redis: give REDIS_URL "
+            "(-s REDIS_URL=redis://...) or --prefix; a JOBDIR crawl takes budgets from "
+            "its settings only"
+        )
+    try:
+        config = load_config(settings)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    rconfig = redis_settings(settings, opts)
+    client, keyspace = connect(settings, opts)
+    with redis_errors(settings):
+        if not client.exists(keyspace.table) and not client.exists(keyspace.finished):
+            raise CommandError(
+                f"no crawl under prefix {keyspace.prefix!r} at {safe_url(settings)} "
+                "(wrong spider or --prefix, or the crawl has not started)"
+            )
+    frontier = RedisFrontier(
+        client, prefix=keyspace.prefix, partitions=keyspace.partitions,
+        dedup=rconfig.dedup, dedup_capacity=rconfig.dedup_capacity,
+        dedup_error=rconfig.dedup_error,
+    )  # fmt: skip
+    return Controller.from_settings(frontier, config, settings)
+
+
+def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int:
+    if verb == "control":
+        return _show(opts, settings)
+    controller = _controller(opts, settings)
+    with redis_errors(settings):
+        try:
+            if verb == "inject":
+                action = controller.parse(verb, opts.urls, topic=opts.topic)
+            else:
+                args = [opts.target] + (
+                    [] if getattr(opts, "value", None) is None else [opts.value]
+                )
+                action = controller.parse(verb, args, force=opts.force)
+            outcome = controller.execute(action, who=_who(), now=time.time())
+        except ControlError as exc:
+            raise CommandError(str(exc)) from None
+    if opts.json:
+        emit_json(outcome.to_json())
+        return 0
+    line = f"{outcome.action.describe()}: in force fleet-wide within a heartbeat "
+    line += f"(control version {outcome.state.version})"
+    if verb == "purge":
+        line += f"; {outcome.purged} queued requests dead-lettered (reason 'purged')"
+    if verb == "inject":
+        line += f"; {outcome.injected} queued, {outcome.duplicates} already seen"
+    console().print(line)
+    return 0
+
+
+def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
+    if opts.log < 0:
+        raise CommandError(f"--log takes a number >= 0, got {opts.log}")
+    controller = _controller(opts, settings)
+    channel = controller.channel
+    with redis_errors(settings):
+        try:
+            state = channel.load()
+        except ControlError as exc:
+            raise CommandError(str(exc)) from None
+        counts = channel.counts()
+        log = channel.log(opts.log) if opts.log else []
+    rules = controller.config.budgets()
+    if opts.json:
+        emit_json({
+            "kind": "control", "prefix": channel.keyspace.prefix, "state": state.to_json(),
+            "counts": counts.to_json(), "log": log,
+        })  # fmt: skip
+        return 0
+    out = console()
+    out.print(f"Control of {channel.keyspace.prefix!r}, version {state.version}")
+    for host, hc in sorted(state.hosts.items()):
+        out.print(f"  host {host}: " + ", ".join(f"{k}={v}" for k, v in vars(hc).items()))
+    for topic, tc in sorted(state.topics.items()):
+        out.print(f"  topic {topic}: " + ", ".join(f"{k}={v}" for k, v in vars(tc).items()))
+    crawl = rules.crawl_budget(state)
+    if crawl is not None:
+        out.print(f"  crawl budget {crawl}: {counts.crawl} pages charged")
+    for host in sorted(set(counts.hosts) | set(counts.held)):
+        budget = rules.host(host, state)
+        out.print(
+            f"  {host}: {counts.hosts.get(host, 0)} pages charged"
+            + ("" if budget is None else f" of {budget}")
+            + (f", {counts.held[host]} held over budget" if counts.held.get(host) else "")
+        )
+    for entry in log:
+        out.print(f"  log: {entry}")
+    return 0

@@ -25,6 +25,7 @@ from typing import Any, Final
 __all__ = [
     "ALL_KEYS",
     "INTERNAL_KEYS",
+    "META_CHARGED",
     "META_FINISH",
     "META_GRANT",
     "META_HOLD",
@@ -127,13 +128,26 @@ META_PROBE: Final = "banker_probe"
 #: before the response reads it.
 META_NET_T0: Final = "banker_net_t0"
 
+#: ``(host, topic)`` a request was charged to on one node's budgets
+#: (:class:`~scrapy_banker.scheduler.control.ControlGate`), set when it leaves
+#: for the downloader.  Read (and deleted) by ``BankerScheduler`` when the
+#: request is scheduled again -- put back by pushback or a pause, retried, or
+#: redirected with its meta -- which gives the page back: a page is charged
+#: once, when its last copy leaves.  Internal; transient: a fleet charges in
+#: Redis, with the lease.
+META_CHARGED: Final = "banker_charged"
+
 #: Keys a spider may set.
 USER_KEYS: Final = (META_TOPIC, META_NEED, META_TASK, META_MAX, META_HOLD, META_FINISH)
 #: Keys only scrapy-banker writes.
-INTERNAL_KEYS: Final = (META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0)
+INTERNAL_KEYS: Final = (
+    META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0, META_CHARGED
+)  # fmt: skip
 #: Process-local values: meaningless to another worker, after a restart or on
 #: a copy of the request.  Every other key travels.
-TRANSIENT_KEYS: Final = (META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0)
+TRANSIENT_KEYS: Final = (
+    META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0, META_CHARGED
+)  # fmt: skip
 #: Every key, user-facing first.
 ALL_KEYS: Final = USER_KEYS + INTERNAL_KEYS
 

@@ -97,6 +97,8 @@ class TopicScheduler:
         self.min_slice_s = min_slice_s
         self.slice_step_s = slice_step_s
         self.max_wait_s = max_wait_s
+        #: Topics an operator paused: never offered, their requests stay queued.
+        self.paused: frozenset[str] = frozenset()
         self._topics: dict[str, TopicState] = {}
         # priority -> topic names in round-robin order; the head holds the turn.
         self._classes: dict[int, list[str]] = {}
@@ -187,6 +189,12 @@ class TopicScheduler:
         generator is lazy so the usual case (the first candidate dispatches)
         costs O(1) beyond the number of priority classes.
         """
+        if self.paused:
+            yield from (name for name in self._candidates(now) if name not in self.paused)
+            return
+        yield from self._candidates(now)
+
+    def _candidates(self, now: float) -> Iterator[str]:
         deadline = now - self.max_wait_s
         starving = [
             state

@@ -28,9 +28,10 @@ from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler, Scheduler
 from scrapy.utils.misc import build_from_crawler
 
-from scrapy_banker.core.meta import META_GRANT, META_SLOT, existing_meta
+from scrapy_banker.core.meta import META_CHARGED, META_GRANT, META_SLOT, existing_meta
 from scrapy_banker.core.pacing import Pacer, PacerConfig
 from scrapy_banker.scheduler.classifier import Classifier, UnparsableURL
+from scrapy_banker.scheduler.control import ControlGate
 from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.engine import scraper_backlog, wake_engine
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from twisted.internet.defer import Deferred
 
+    from scrapy_banker.core.control import ControlState
     from scrapy_banker.core.directory import ExtendibleDirectory
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import Politeness
@@ -99,6 +101,10 @@ class BankerScheduler(BaseScheduler):
         self.politeness_gate = polite = parts.politeness
         self.politeness: Politeness = polite.politeness
         polite.on_ready = self._hosts_ready
+        #: The operator's directives and the budgets (None in hand-built parts).
+        self.control = parts.control
+        if self.control is not None:
+            self.control.on_ready = self._hosts_ready
         store_dead_letter = getattr(store, "dead_letter", None)
         if store_dead_letter is not None:
             polite.drain = True
@@ -110,9 +116,7 @@ class BankerScheduler(BaseScheduler):
         self.spider: Spider | None = None
         #: Long-pole pacing (:mod:`scrapy_banker.core.pacing`), None with BANKER_PACING off.
         self.pacer = (
-            Pacer(PacerConfig(backlog=parts.config.pacing_backlog))
-            if parts.config.pacing
-            else None
+            Pacer(PacerConfig(backlog=parts.config.pacing_backlog)) if parts.config.pacing else None
         )
         self.paced = 0
 
@@ -130,7 +134,10 @@ class BankerScheduler(BaseScheduler):
             config, crawler.stats, downloader.is_free,
             autothrottle=settings.getbool("AUTOTHROTTLE_ENABLED"),
         )  # fmt: skip
-        queue = LocalQueue(config, politeness.is_free, downloader.idle)
+        control = ControlGate(crawler.stats, downloader, politeness.is_free, config.budgets())
+        politeness.control = control
+        queue = LocalQueue(config, control.is_free, downloader.idle)
+        control.topics = queue.topics
         gate = AdmissionGate(config, crawler.stats, queue.requeue) if config.resources else None
         parts = SchedulerParts(
             crawler=crawler,
@@ -142,6 +149,7 @@ class BankerScheduler(BaseScheduler):
             politeness=politeness,
             codec=RequestCodec(config.serialize_allowed_classes),
             gate=gate,
+            control=control,
         )
         return cls(parts, build_from_crawler(cls.store_class, crawler, parts))
 
@@ -184,6 +192,8 @@ class BankerScheduler(BaseScheduler):
         if self.gate is not None:
             self.gate.close(now)  # parked requests go back to the queue, and so to the store
         self.politeness_gate.close()
+        if self.control is not None:
+            self.control.close()
         self._flush_politeness(now)
         self.counters.flush(now)
         self.queue.publish_stats(self.stats)
@@ -214,6 +224,9 @@ class BankerScheduler(BaseScheduler):
             self._dropped(request)
             return False
         now = self.clock()
+        control = self.control
+        if control is not None and META_CHARGED in request.meta:
+            control.refund(request)  # put back or retried: charged again when it leaves
         self.counters.count("enqueued", store.put(request, c, now), c.topic, now)
         return True
 
@@ -255,11 +268,15 @@ class BankerScheduler(BaseScheduler):
                     return queue.pop_slots(critical, now)
 
         polite = self.politeness_gate
+        control = self.control
+        budgets = control is not None and control.budgets_active
         while (entry := pop(now)) is not None:
             if not store.keep(entry):
                 continue
             if polite.given_up and polite.draining(entry.slot):
                 self._dead_letter_entry(entry)
+                continue
+            if budgets and control is not None and not control.charge(entry):
                 continue
             if gate is None or gate.admit(entry):
                 return entry
@@ -293,6 +310,27 @@ class BankerScheduler(BaseScheduler):
         polite.downloaded(response, slot)
         for queued, deferred in downloader.take_queued(slot):
             deferred.errback(HeldBack(f"{slot} pushed back while {queued} waited in its slot"))
+
+    def apply_control(self, state: ControlState) -> None:
+        """Follow the operator's directives (a store read them): pause, delay, limit, budgets.
+
+        A host paused now has its requests waiting in its download slot taken
+        back out (put back, like a pushback's), so none leaves after this.
+        """
+        control = self.control
+        if control is None or state.version == control.state.version:
+            return
+        old = control.state
+        released = control.apply(state)
+        now = self.clock()
+        for entry in released:
+            self.queue.requeue(entry, now)
+        if released:
+            self.stats.inc_value("banker/budget/released", len(released))
+        for slot in control.newly_paused(old):
+            for queued, deferred in self.downloader.take_queued(slot):
+                deferred.errback(HeldBack(f"{slot} paused while {queued} waited in its slot"))
+        wake_engine(self.crawler)
 
     def _hosts_ready(self, slots: list[str]) -> None:
         """The wait of these slots' hosts is over: their parked lanes compete again."""

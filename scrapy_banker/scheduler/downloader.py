@@ -119,8 +119,9 @@ class DownloaderView:
         dl = self.downloader
         slot = None if dl is None else dl.slots.get(slot_key)
         if slot is None:
-            return self._slot_concurrency(slot_key) if dl is not None else (
-                self.default_concurrency)
+            return (
+                self._slot_concurrency(slot_key) if dl is not None else (self.default_concurrency)
+            )
         return int(slot.concurrency)
 
     def _slot_concurrency(self, slot_key: str) -> int:

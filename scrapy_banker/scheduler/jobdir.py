@@ -43,7 +43,11 @@ field of the snapshot header, written at every compaction and restored at
 resume; a snapshot without it (an older version's) resumes with no state.
 They are wall-clock times, so a block promised before a stop is honoured
 after the resume.  A ``kill -9`` loses the changes since the last
-compaction (the host is asked again, and answers again).
+compaction (the host is asked again, and answers again).  The pages charged
+to budgets (:class:`~scrapy_banker.core.control.BudgetBook`) are the
+``"budgets"`` field, kept the same way: exact across a clean stop, while a
+``kill -9`` forgets the pages charged since the last compaction (a fleet
+counts in Redis, exactly).
 
 One process at a time: a crawl holds the advisory lock ``banker/lock``
 (``flock``, exclusive, never waited for) from :meth:`JobDir.restore` to
@@ -93,6 +97,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_banker.core.control import BudgetBook
     from scrapy_banker.core.politeness import Politeness
     from scrapy_banker.scheduler.queue import LocalQueue
     from scrapy_banker.scheduler.serialize import RequestCodec
@@ -257,6 +262,8 @@ class JobDir:
         self._failed: str | None = None
         #: The hosts' states, saved in every snapshot header and restored at resume.
         self.politeness: Politeness | None = None
+        #: Pages charged to budgets (the ``"budgets"`` field), saved and restored alike.
+        self.budgets: BudgetBook | None = None
 
     def _check_writable(self) -> None:
         if self._failed is not None:
@@ -371,11 +378,30 @@ class JobDir:
         older versions ignore it, and a header without it means "no state".
         """
         states = None if self.politeness is None else self.politeness.to_json()
-        if not states:
+        book = self.budgets
+        counts = None if book is None or not (book.crawl or book.hosts) else book.to_json()
+        if not states and not counts:
             return header
         obj = json.loads(header)
-        obj["politeness"] = states
+        if states:
+            obj["politeness"] = states
+        if counts:
+            obj["budgets"] = counts
         return json.dumps(obj, ensure_ascii=True, separators=(",", ":")) + "\n"
+
+    def _restore_budgets(self, raw: Any) -> None:
+        """Adopt the pages charged to budgets; a malformed field is reported and ignored."""
+        if self.budgets is None or raw is None:
+            return
+        try:
+            if not isinstance(raw, dict):
+                raise ValueError(f"expected an object, got {type(raw).__name__}")
+            self.budgets.restore(raw)
+        except ValueError as exc:
+            logger.warning("Ignoring the budget counts of %s: %s (counted from 0 again)",
+                           self.snapshot_path, exc)  # fmt: skip
+            return
+        logger.info("Resumed the budget counts: %d pages charged", self.budgets.crawl)
 
     def _restore_politeness(self, raw: Any) -> None:
         """Adopt the header's host states; a malformed field is reported and ignored."""
@@ -476,6 +502,7 @@ class JobDir:
         if header.get("topics"):
             queue.topics.restore(header["topics"])
         self._restore_politeness(header.get("politeness"))
+        self._restore_budgets(header.get("budgets"))
         exact = header.get("directory") is not None and not state.journal_records
         if exact:
             queue.directory = ExtendibleDirectory.from_state(header["directory"])

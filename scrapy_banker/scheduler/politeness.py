@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_banker.scheduler.control import ControlGate
     from scrapy_banker.settings import BankerConfig
 
 logger = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ class PolitenessGate:
         self._recorded: dict[int, HostState] = {}
         #: Slot -> when its last request went to the wire (:meth:`at_wire`).
         self._wire: dict[str, float] = {}
+        #: The operator's directives, checked at the wire too (the scheduler sets it).
+        self.control: ControlGate | None = None
 
     # -- the gate --------------------------------------------------------------------
 
@@ -258,7 +261,11 @@ class PolitenessGate:
         return state
 
     def check_blocked(self, request: Request) -> HostState | None:
-        """Raise :class:`HeldBack` if ``request``'s host is blocked now; its state if it has one."""
+        """Raise :class:`HeldBack` if ``request``'s host is blocked (or paused) now;
+        its state if it has one."""
+        control = self.control
+        if control is not None:
+            control.check(request)
         slot = request.meta.get(META_SLOT)
         if not self.enabled or slot is None:
             return None
@@ -282,14 +289,17 @@ class PolitenessGate:
         told and send.
         """
         state = self.check_blocked(request)
-        if state is None:
-            return 0.0
-        slot, now = request.meta[META_SLOT], self.clock()
-        interval = state.interval
+        interval = 0.0 if state is None else state.interval
+        control = self.control
+        if control is not None and control.state.hosts:
+            interval = control.at_wire(request, interval)
         if not interval:
             return 0.0
+        slot, now = request.meta[META_SLOT], self.clock()
         at = max(now, self._wire.get(slot, 0.0) + interval)
         self._wire[slot] = at
+        if control is not None:
+            control.sent(slot, at)
         if at > now:
             self.stats.inc_value("banker/pushback/spaced_at_wire")
         return at - now

@@ -111,9 +111,7 @@ def method_name(spider: object, method: Callable[..., Any], cache: dict[Any, str
     """
     func = getattr(method, "__func__", None)
     if func is None or getattr(method, "__self__", None) is not spider:
-        raise UnserializableRequest(
-            f"Function {method!r} is not an instance method in: {spider!r}"
-        )
+        raise UnserializableRequest(f"Function {method!r} is not an instance method in: {spider!r}")
     name = cache.get(func)
     if name is not None:
         return name

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import HostState
     from scrapy_banker.scheduler.classifier import Classifier
+    from scrapy_banker.scheduler.control import ControlGate
     from scrapy_banker.scheduler.downloader import DownloaderView
     from scrapy_banker.scheduler.gate import AdmissionGate
     from scrapy_banker.scheduler.politeness import PolitenessGate
@@ -77,6 +78,9 @@ class SchedulerParts:
     codec: RequestCodec
     #: None unless ``BANKER_RESOURCES`` is set.
     gate: AdmissionGate | None = None
+    #: The operator's directives and the budgets (:mod:`scrapy_banker.scheduler.control`);
+    #: a store that counts budgets itself (a fleet's) sets ``control.book`` to None.
+    control: ControlGate | None = None
 
 
 class RequestStore(Protocol):
@@ -174,6 +178,8 @@ class MemoryStore:
         if self.jobdir is not None:
             # Saved in the snapshot header at every compaction, restored at resume.
             self.jobdir.politeness = parts.politeness.politeness
+            if parts.control is not None:
+                self.jobdir.budgets = parts.control.book
         self.spider: Spider | None = None
         # Requests that cannot be written to JOBDIR: dequeued from "memory".
         self._memory_only: set[Request] = set()

@@ -100,7 +100,7 @@ class WireGateMiddleware:
             return False  # not running yet: look again next time
         self._looked = True
         gate = getattr(scheduler, "politeness_gate", None)
-        if isinstance(gate, PolitenessGate) and gate.enabled:
+        if isinstance(gate, PolitenessGate) and (gate.enabled or gate.control is not None):
             self._gate = gate
         self._check = getattr(store, "fence", None)
         if self._gate is None and self._check is None:

@@ -1,5 +1,10 @@
 """The dashboard's web server: the page, ``GET /api/state`` and the token-guarded actions.
 
+The actions are requeueing dead letters (``POST /api/deadletters/requeue``)
+and the run-time control of the fleet (``POST /api/control``: pause, resume,
+limit, delay, budget, purge, inject), the same checked actions as ``scrapy
+banker pause ...`` (:class:`~scrapy_banker.ops.control.Controller`).
+
 Why it is built this way:
 
 * **One read per interval.**  A :class:`FleetPoller` reads the fleet on a
@@ -38,6 +43,7 @@ from twisted.internet import defer, threads
 from twisted.internet.task import LoopingCall
 from twisted.web import resource, server
 
+from scrapy_banker.core.control import ControlError
 from scrapy_banker.ops.dashboard.history import RateHistory
 
 if TYPE_CHECKING:
@@ -49,7 +55,15 @@ if TYPE_CHECKING:
 #: no-untyped-call check from flagging every ``setHeader``.
 Request = Any
 
-__all__ = ["ACTIONS_DISABLED", "Actions", "Dashboard", "FleetPoller", "make_site", "topic_pages"]
+__all__ = [
+    "ACTIONS_DISABLED",
+    "Actions",
+    "ControlRequest",
+    "Dashboard",
+    "FleetPoller",
+    "make_site",
+    "topic_pages",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +73,8 @@ ACTIONS_DISABLED = "actions disabled: set BANKER_DASHBOARD_TOKEN"
 API_VERSION = 1
 #: Largest POST body read (an action's arguments are a few bytes).
 MAX_BODY = 4096
+#: Largest ``POST /api/control`` body: ``inject`` carries URLs, a few hundred at most.
+MAX_CONTROL_BODY = 64 * 1024
 
 _STATIC: dict[str, tuple[str, str]] = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -212,13 +228,59 @@ class FleetPoller:
 
 
 @dataclass(frozen=True)
+class ControlRequest:
+    """The body of ``POST /api/control``: an operator's words, not checked yet.
+
+    Only the shape is checked here (what JSON type each field has); what the
+    words mean -- a known host, a budget >= 0, a topic of the crawl -- is the
+    :class:`~scrapy_banker.ops.control.Controller`'s to judge, as on the
+    command line, so the two never accept different things.
+    """
+
+    verb: str
+    args: tuple[str, ...] = ()
+    #: The topic of ``inject``.
+    topic: str | None = None
+    #: Act on a host the crawl has not queued a request of (``--force``).
+    force: bool = False
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> ControlRequest:
+        """From the decoded body; :class:`ControlError` names the field that is wrong."""
+        unknown = sorted(set(body) - {"verb", "args", "topic", "force"})
+        if unknown:
+            raise ControlError(f"unknown fields {unknown}; allowed: verb, args, topic, force")
+        verb = body.get("verb")
+        if not isinstance(verb, str) or not verb:
+            raise ControlError(f'"verb" must be a non-empty string, got {verb!r}')
+        args = body.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ControlError(f'"args" must be a list of strings, got {args!r}')
+        topic = body.get("topic")
+        if topic is not None and not isinstance(topic, str):
+            raise ControlError(f'"topic" must be a string or null, got {topic!r}')
+        force = body.get("force", False)
+        if not isinstance(force, bool):
+            raise ControlError(f'"force" must be true or false, got {force!r}')
+        return cls(verb, tuple(args), topic or None, force)
+
+
+@dataclass(frozen=True)
 class Actions:
-    """What ``POST`` may do: the token, and the blocking calls behind each action."""
+    """What ``POST`` may do: the token, and the blocking calls behind each action.
+
+    The calls block (Redis round trips): the server runs them on the
+    reactor's thread pool, never on the reactor thread.
+    """
 
     token: str | None
     #: ``requeue(count)`` moves ``count`` dead letters (``None``: all) back to
     #: their queues and returns how many moved.
     requeue: Callable[[int | None], int] | None = None
+    #: ``control(request, who)`` checks and carries out an operator's action and
+    #: returns its outcome as JSON; :class:`ControlError` when the input is bad
+    #: (nothing changed then).
+    control: Callable[[ControlRequest, str], Mapping[str, Any]] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -327,13 +389,15 @@ class Dashboard(resource.Resource):
             return self._error(request, 401, "missing or wrong token (Authorization: Bearer …)")
         if path == "/api/deadletters/requeue":
             return self._requeue(request)
+        if path == "/api/control":
+            return self._control(request)
         return self._error(request, 404, "no such action")
 
-    def _body(self, request: Request) -> dict[str, Any]:
+    def _body(self, request: Request, limit: int = MAX_BODY) -> dict[str, Any]:
         assert request.content is not None
-        raw = request.content.read(MAX_BODY + 1)
-        if len(raw) > MAX_BODY:
-            raise ValueError("body too large")
+        raw = request.content.read(limit + 1)
+        if len(raw) > limit:
+            raise _TooLarge(f"body too large (more than {limit} bytes)")
         if not raw.strip():
             return {}
         data = json.loads(raw)
@@ -382,6 +446,59 @@ class Dashboard(resource.Resource):
 
         d.addCallbacks(ok, failed)
         return server.NOT_DONE_YET
+
+    def _control(self, request: Request) -> bytes | int:
+        """``POST /api/control``: an operator's action, checked and carried out on a thread."""
+        control = self.actions.control
+        if control is None:
+            return self._error(request, 501, "run-time control is not available")
+        try:
+            body = self._body(request, MAX_CONTROL_BODY)
+        except _TooLarge as exc:
+            return self._error(request, 413, str(exc))
+        except ValueError as exc:
+            return self._error(request, 400, f"bad request body: {exc}")
+        try:
+            wanted = ControlRequest.from_json(body)
+        except ControlError as exc:
+            return self._error(request, 400, f"bad request body: {exc}")
+        who = f"dashboard {_peer(request)}"
+        d = threads.deferToThreadPool(
+            self.poller.reactor, self.poller.reactor.getThreadPool(), control, wanted, who
+        )
+        finished = [False]
+        request.notifyFinish().addErrback(lambda _: finished.__setitem__(0, True))
+
+        def answer(status: int, data: Mapping[str, Any]) -> None:
+            if not finished[0]:
+                request.write(self._json(request, status, data))
+                request.finish()
+
+        def ok(outcome: Mapping[str, Any]) -> None:
+            self.poller.poll()  # the page shows the new directives at its next refresh
+            answer(200, outcome)
+
+        def failed(failure: Failure) -> None:
+            if isinstance(failure.value, ControlError):  # bad input: nothing changed
+                logger.info("Control refused (%s): %s", who, failure.getErrorMessage())
+                answer(400, {"error": failure.getErrorMessage()})
+                return
+            logger.warning("Control failed (%s): %s", who, failure.getErrorMessage())
+            answer(503, {"error": f"control failed: {failure.getErrorMessage()}"})
+
+        d.addCallbacks(ok, failed)
+        return server.NOT_DONE_YET
+
+
+class _TooLarge(ValueError):
+    """A POST body over its limit (413, not 400: the request may be fine, only too big)."""
+
+
+def _peer(request: Request) -> str:
+    """The client's address, for the action log (a proxy in front shows as itself)."""
+    address = request.getClientAddress()
+    host = getattr(address, "host", None)
+    return str(host) if host else "unknown"
 
 
 def make_site(dashboard: Dashboard) -> server.Site:

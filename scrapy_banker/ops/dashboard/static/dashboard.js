@@ -148,6 +148,7 @@
     renderBanker(nodes);
     renderGnp(nodes);
     renderDead(st);
+    renderControl(st);
   }
 
   function renderTopics(nodes, rates) {
@@ -427,7 +428,7 @@
     } else {
       token.hidden = false;
       button.disabled = !list.length && !(total > 0);
-      if (!hint.dataset.sticky) hint.textContent = "Actions need the token the dashboard was started with";
+      if (!hint.dataset.sticky) hint.textContent = "Actions need the token the dashboard was started with (top right)";
     }
     if (!list.length) {
       body.replaceChildren(h("tr", {}, h("td", { colspan: "3", class: "empty", text: "No dead letters" })));
@@ -444,6 +445,178 @@
         h("td", { class: "bad", text: String(pick(d, "reason") || "?") }),
         h("td", { class: "mono wrap", text: String(what).slice(0, 200) }));
     }));
+  }
+
+  // ---------------------------------------------------------------- control
+  // The directives in force, the budget counts and the latest actions, read
+  // by the server with the fleet; the form posts to /api/control with the token.
+  const NO_VALUE = new Set(["pause", "resume", "purge"]);
+  const PLACEHOLDERS = {
+    pause: ["host or topic:NAME", ""],
+    resume: ["host or topic:NAME", ""],
+    limit: ["host", "N (>= 1) or none"],
+    delay: ["host", "seconds (0 removes)"],
+    budget: ["host, topic:NAME or crawl", "N (>= 0) or none"],
+    purge: ["host", ""],
+    inject: ["URLs, space-separated", "topic (optional)"],
+  };
+  let controlBusy = false;
+
+  function directiveText(c) {
+    const parts = [];
+    if (c.paused) parts.push("paused");
+    if (num(c.delay) !== null && c.delay > 0) parts.push(`delay ${dec1.format(c.delay)} s`);
+    if (num(c.limit) !== null) parts.push(`limit ${fmtInt(c.limit)}`);
+    if (num(c.budget) !== null) parts.push(`budget ${fmtInt(c.budget)}`);
+    return parts.join(" · ") || "–";
+  }
+  function actionText(e) {
+    if (e.unreadable !== undefined) return `unreadable: ${e.unreadable}`;
+    if (e.verb === "inject") {
+      const n = Array.isArray(e.urls) ? e.urls.length : 0;
+      return `inject ${n} URL(s)${e.topic ? " (topic " + e.topic + ")" : ""}`;
+    }
+    const value = NO_VALUE.has(e.verb) ? "" : num(e.value) !== null ? ` ${e.value}` : " none";
+    return `${e.verb || "?"} ${e.target || ""}${value}`;
+  }
+  function tableRows(id, rows, cols, emptyText) {
+    const body = $(id).tBodies[0];
+    if (!rows.length) {
+      body.replaceChildren(h("tr", {}, h("td", { colspan: String(cols), class: "empty", text: emptyText })));
+      return;
+    }
+    body.replaceChildren(...rows);
+  }
+
+  function renderControl(st) {
+    updateControlForm();
+    updateControlInputs();
+    const c = st.control;
+    const errorBox = $("control-error");
+    if (!c) {
+      $("control-version").textContent = "";
+      errorBox.hidden = true;
+      tableRows("control-directives", [], 2, "No control information");
+      tableRows("control-budgets", [], 5, "No budget information");
+      tableRows("control-log", [], 3, "No action logged");
+      return;
+    }
+    errorBox.hidden = !c.error;
+    errorBox.textContent = c.error ? `Control document: ${c.error}` : "";
+    const doc = c.state || {};
+    $("control-version").textContent = num(doc.version) !== null ? `version ${fmtInt(doc.version)}` : "";
+    // Directives.
+    const rows = [];
+    for (const [host, hc] of Object.entries(doc.hosts || {}).sort()) {
+      rows.push(h("tr", { "data-target": host }, h("td", { class: "mono", text: host }),
+        h("td", { class: hc.paused ? "warn" : "", text: directiveText(hc) })));
+    }
+    for (const [topic, tc] of Object.entries(doc.topics || {}).sort()) {
+      rows.push(h("tr", { "data-target": `topic:${topic}` }, h("td", { class: "mono", text: `topic:${topic}` }),
+        h("td", { class: tc.paused ? "warn" : "", text: directiveText(tc) })));
+    }
+    if (num(doc.crawl_budget) !== null) {
+      rows.push(h("tr", { "data-target": "crawl" }, h("td", { class: "mono", text: "crawl" }),
+        h("td", { text: `budget ${fmtInt(doc.crawl_budget)}` })));
+    }
+    tableRows("control-directives", rows, 2, "Nothing set: the crawl runs on its settings");
+    // Budgets: the crawl's, each topic's, and the hosts with pages charged.
+    const counts = c.counts || { hosts: {}, held: {}, topics: {}, crawl: 0 };
+    const budgets = c.budgets || { topics: {}, hosts: {} };
+    const brows = [];
+    const brow = (scope, name, charged, budget, held) => {
+      const spent = num(budget) !== null && charged >= budget;
+      return h("tr", { "data-scope": scope, "data-name": name },
+        h("td", { text: scope }), h("td", { class: "mono", text: name }),
+        h("td", { class: "num" + (spent ? " warn" : ""), text: fmtInt(charged) }),
+        h("td", { class: "num", text: num(budget) === null ? "none" : fmtInt(budget) }),
+        h("td", { class: "num" + (held ? " warn" : ""), text: held ? fmtInt(held) : "" }));
+    };
+    if (num(budgets.crawl) !== null || counts.crawl > 0) brows.push(brow("crawl", "crawl", counts.crawl || 0, budgets.crawl, counts.held_total || 0));
+    const topicNames = new Set([...Object.keys(budgets.topics || {}), ...Object.keys(counts.topics || {})]);
+    for (const t of [...topicNames].sort()) brows.push(brow("topic", t, (counts.topics || {})[t] || 0, (budgets.topics || {})[t], 0));
+    const hostNames = new Set([...Object.keys(counts.hosts || {}), ...Object.keys(counts.held || {})]);
+    const hosts = [...hostNames].sort((a, b) => ((counts.hosts[b] || 0) - (counts.hosts[a] || 0)) || a.localeCompare(b));
+    for (const host of hosts.slice(0, 15)) brows.push(brow("host", host, (counts.hosts || {})[host] || 0, (budgets.hosts || {})[host], (counts.held || {})[host] || 0));
+    const total = num(counts.hosts_total);
+    $("budget-hint").textContent = total !== null && total > 15 ? `${fmtInt(Math.min(15, hosts.length))} of ${fmtInt(total)} hosts` : "";
+    tableRows("control-budgets", brows, 5, num(budgets.host_default) !== null || (budgets.host_patterns || []).length
+      ? "No page charged yet" : "No budget in force");
+    // The log, newest first.
+    const lrows = (c.log || []).map((e) => {
+      const at = num(e.at) !== null ? new Date(e.at * 1000) : null;
+      const today = at && at.toDateString() === new Date().toDateString();
+      const when = at ? (today ? at.toLocaleTimeString() : at.toLocaleString()) : "–";
+      return h("tr", {}, h("td", { text: when, title: at ? at.toString() : null }),
+        h("td", { class: "mono text", text: String(e.who || "?") }),
+        h("td", { class: "mono text", text: actionText(e) }));
+    });
+    tableRows("control-log", lrows, 3, "No action logged");
+  }
+
+  function updateControlForm() {
+    const actions = (state && state.server && state.server.actions) || {};
+    const hint = $("control-hint"), form = $("control-form");
+    const token = $("token").value.trim();
+    const ready = Boolean(actions.control) && token !== "";
+    form.hidden = !ready;
+    $("control-fields").disabled = !ready || controlBusy;
+    if (hint.dataset.sticky) return;
+    if (!actions.control) hint.textContent = "Read-only: start the dashboard with -s BANKER_DASHBOARD_TOKEN=… to steer the crawl";
+    else if (!token) hint.textContent = "Type the dashboard token (top right) to steer the crawl";
+    else hint.textContent = "In force fleet-wide within a heartbeat; the same checks as scrapy banker pause|resume|…";
+  }
+
+  function updateControlInputs() {
+    const verb = $("control-verb").value;
+    const [target, value] = PLACEHOLDERS[verb] || ["", ""];
+    const usage = state && state.server && state.server.verbs && state.server.verbs[verb];
+    $("control-target").placeholder = target;
+    $("control-target").title = usage ? `${verb} takes ${usage}` : "";
+    $("control-value").placeholder = value;
+    $("control-value").disabled = NO_VALUE.has(verb);
+    if (NO_VALUE.has(verb)) $("control-value").value = "";
+    $("control-force").disabled = verb === "inject";
+  }
+
+  async function submitControl(ev) {
+    ev.preventDefault();
+    if (controlBusy) return;
+    const hint = $("control-hint"), token = $("token").value.trim();
+    const verb = $("control-verb").value;
+    const target = $("control-target").value.trim(), value = $("control-value").value.trim();
+    const body = verb === "inject"
+      ? { verb, args: target.split(/\s+/).filter(Boolean), topic: value || null }
+      : { verb, args: NO_VALUE.has(verb) ? [target] : [target, value], force: $("control-force").checked };
+    controlBusy = true;
+    hint.dataset.sticky = "1";
+    hint.className = "muted";
+    hint.textContent = "Sending…";
+    updateControlForm();
+    try {
+      const r = await fetch("/api/control", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Authorization: `Bearer ${token}` },
+        body: JSON.stringify(body),
+      });
+      const data = await r.json().catch(() => ({}));
+      if (r.ok) {
+        let text = `Done: ${data.done} (control version ${fmtInt(data.version)})`;
+        if (num(data.purged) !== null) text += ` · ${fmtInt(data.purged)} queued requests dead-lettered`;
+        if (num(data.injected) !== null) text += ` · ${fmtInt(data.injected)} queued, ${fmtInt(data.duplicates)} already seen`;
+        hint.className = "good";
+        hint.textContent = text;
+      } else {
+        hint.className = "bad";
+        hint.textContent = `Refused (${r.status}): ${data.error || r.statusText}`;
+      }
+    } catch (e) {
+      hint.className = "bad";
+      hint.textContent = `Failed: ${e}`;
+    }
+    controlBusy = false;
+    updateControlForm();
+    setTimeout(() => { delete hint.dataset.sticky; hint.className = "muted"; updateControlForm(); }, 10000);
   }
 
   // --------------------------------------------------------------- status
@@ -525,7 +698,14 @@
   document.addEventListener("DOMContentLoaded", () => {
     initTheme();
     $("token").value = sessionStorage.getItem("banker-token") || "";
+    $("token").addEventListener("input", () => {
+      sessionStorage.setItem("banker-token", $("token").value);
+      updateControlForm();
+    });
     $("requeue").addEventListener("click", requeue);
+    $("control-form").addEventListener("submit", submitControl);
+    $("control-verb").addEventListener("change", updateControlInputs);
+    updateControlInputs();
     window.addEventListener("resize", () => state && renderChart(state.rates || {}));
     setInterval(renderStatus, 1000);
     poll();

@@ -58,6 +58,7 @@ from scrapy_banker.redis.connection import (
     redis_cluster_from_settings,
     redis_from_settings,
 )
+from scrapy_banker.redis.control import ControlChannel
 from scrapy_banker.redis.fence import LeaseFence
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.registry import NodeRegistry
@@ -70,7 +71,12 @@ from scrapy_banker.redis.store_politeness import HostSync
 from scrapy_banker.redis.store_spill import SpillKeeper
 from scrapy_banker.redis.store_telemetry import NodeTelemetry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
-from scrapy_banker.scheduler.engine import looping_call, wake_engine
+from scrapy_banker.scheduler.engine import (
+    close_spider,
+    looping_call,
+    running_scheduler,
+    wake_engine,
+)
 from scrapy_banker.settings import redis_config
 
 if TYPE_CHECKING:
@@ -84,6 +90,7 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
+    from scrapy_banker.core.control import BudgetRules
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import HostState
     from scrapy_banker.core.spill import ClaimedSpill
@@ -91,7 +98,7 @@ if TYPE_CHECKING:
     from scrapy_banker.redis.store_spill import Stopped
     from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.store import SchedulerParts
-    from scrapy_banker.settings import RedisConfig
+    from scrapy_banker.settings import BankerConfig, RedisConfig
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +127,20 @@ def worker_options(rconfig: RedisConfig, concurrent: int, per_host: int) -> Work
         steal=rconfig.steal,
         seen_cache=rconfig.seen_cache,
     )
+
+
+def _check_budgets(config: BankerConfig, rconfig: RedisConfig, budgets: BudgetRules) -> None:
+    """Budgets a fleet cannot count exactly fail at start-up."""
+    if rconfig.cluster and (budgets.topics or budgets.crawl is not None):
+        raise ValueError(
+            "Invalid BANKER_CRAWL_BUDGET / BANKER_TOPICS budget with BANKER_REDIS_CLUSTER=True: "
+            "topic and crawl budgets need a single Redis server (host budgets work on a cluster)"
+        )
+    if config.queue_key == "url" and (budgets.default is not None or budgets.patterns):
+        raise ValueError(
+            "Invalid BANKER_HOST_BUDGET(S) with BANKER_QUEUE_KEY='url': a fleet counts a host's "
+            "pages in its partition; use 'host', 'surt' or 'domain'"
+        )
 
 
 class RedisLeaseStore:
@@ -157,6 +178,10 @@ class RedisLeaseStore:
         settings = crawler.settings
         self._concurrent = max(1, settings.getint("CONCURRENT_REQUESTS"))
         per_host = max(1, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))
+        #: The operator's directives and the budgets (:mod:`scrapy_banker.redis.control`).
+        self.control = ControlChannel(self.frontier.link)
+        self.budgets = budgets = parts.config.budgets()
+        _check_budgets(parts.config, rconfig, budgets)
         self.worker = worker = FrontierWorker(
             self.frontier,
             self.registry,
@@ -164,6 +189,8 @@ class RedisLeaseStore:
             worker_options(rconfig, self._concurrent, per_host),
             placement=None if self.placement is None else self.placement.agent,
             on_ready=self._on_ready,
+            control=self.control,
+            budgets=budgets,
         )
         fingerprinter = getattr(crawler, "request_fingerprinter", None)
         if fingerprinter is None:  # pragma: no cover - Scrapy < 2.7
@@ -174,6 +201,12 @@ class RedisLeaseStore:
         )
         self.hosts = HostSync(parts, worker)
         self.inbound = Inbound(parts, worker, partitions=partitions, hosts=self.hosts)
+        self.inbound.budgets = budgets
+        if parts.control is not None:
+            parts.control.book = None  # counted in Redis, with the leases
+        #: Set once the crawl budget is spent: nothing more is leased, and the
+        #: spider closes when what it holds is done.
+        self.crawl_spent = False
         self.acks = AckBook(crawler, worker, partitions=partitions)
         self.fence = LeaseFence(worker, self.acks, self.stats, partitions=partitions)
         #: robots.txt fetched once per host per fleet (read by
@@ -199,6 +232,7 @@ class RedisLeaseStore:
         self._ticks = 0
         self._was_idle = False
         self._started = False
+        self._closing = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, parts: SchedulerParts) -> Self:
@@ -303,8 +337,10 @@ class RedisLeaseStore:
 
     def has_pending(self) -> bool:
         worker = self.worker
-        if worker.inbound or self.acks.pending:
+        if worker.inbound or self.acks.pending or self.inbound.charging:
             return True
+        if self.crawl_spent:
+            return False
         if not worker.connected or worker.pending_ops():
             return True  # keep the spider open: nothing is lost while Redis is away
         since = worker.drained_since
@@ -364,7 +400,7 @@ class RedisLeaseStore:
         worker = self.worker
         buffered = len(self.queue) + len(worker.inbound)
         target = self.rconfig.buffer
-        want = target - buffered
+        want = 0 if self.crawl_spent else target - buffered
         if want <= 0 and self._starved and buffered < 8 * target:
             # Everything buffered waits for busy hosts while the downloader
             # has room: fetch more, other hosts may be free.
@@ -380,7 +416,34 @@ class RedisLeaseStore:
         if self._waiting:
             reactor.callFromThread(wake_engine, self.crawler)  # type: ignore[attr-defined]
 
+    def _follow_control(self) -> None:
+        """Apply the directives the worker read; stop leasing once the crawl budget is spent."""
+        state = self.worker.control_state
+        control = self.parts.control
+        if control is not None and state.version != control.state.version:
+            scheduler = running_scheduler(self.crawler)
+            apply = getattr(scheduler, "apply_control", None)
+            if apply is not None:
+                apply(state)
+            else:
+                control.apply(state)
+        crawl = self.budgets.crawl_budget(state)
+        charged = self.worker.crawl_charged
+        spent = crawl is not None and charged is not None and charged >= crawl
+        if spent and not self.crawl_spent:
+            logger.info(
+                "The crawl budget (%d pages) is spent fleet-wide: leasing nothing more; "
+                "closing once the requests in hand are done", crawl,
+            )  # fmt: skip
+            self.stats.set_value("banker/budget/crawl_spent", 1)
+        self.crawl_spent = spent
+        done = not self._local() and not self.acks.pending and not self.inbound.charging
+        if spent and done and not self._closing:
+            self._closing = True
+            close_spider(self.crawler, "banker_crawl_budget")
+
     def _tick(self) -> None:
+        self._follow_control()
         self.inbound.hand_back_lost(self.spider)
         self.hosts.publish()
         self.acks.ack_finished()

@@ -22,15 +22,18 @@ from typing import TYPE_CHECKING
 
 from scrapy_banker.core.meta import META_LEASE
 from scrapy_banker.core.ops import LeaseToken
+from scrapy_banker.redis.worker_control import CHARGED, HELD, Charge
 from scrapy_banker.scheduler.classifier import UnparsableURL
 from scrapy_banker.scheduler.serialize import MalformedPayload
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
 
+    from scrapy_banker.core.control import BudgetRules
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.redis.store_politeness import HostSync
     from scrapy_banker.redis.worker import FrontierWorker
+    from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.store import SchedulerParts
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,11 @@ class Inbound:
         self.received_any = False
         #: The worker's ``owned`` last looked at (replaced whole on a change).
         self._owned: dict[int, int] = {}
+        #: Budgets this crawl counts (the settings'; the operator's arrive in the worker's
+        #: control box); None: never charge.
+        self.budgets: BudgetRules | None = None
+        #: Leased requests waiting for their budget charge: token -> (request, class).
+        self.charging: dict[LeaseToken, tuple[Request, Classified]] = {}
 
     def drain(self, now: float, spider: Spider | None) -> None:
         """Move what the worker leased into the local queue; dead-letter what is malformed."""
@@ -85,11 +93,15 @@ class Inbound:
         n = len(inbound)
         if hosts is not None and self.worker.adopted:
             hosts.adopt()
+        if self.charging:
+            self._charged(now)
         if not n:
             return
         self.received_any = True
         parts = self.parts
         codec, classify, stats = parts.codec, parts.classifier.classify, parts.stats
+        rules, control = self.budgets, self.worker.control_state
+        charge = rules if rules is not None and rules.any(control) else None
         for _ in range(n):
             leased = inbound.popleft()
             try:
@@ -112,7 +124,42 @@ class Inbound:
             request.meta[META_LEASE] = token
             if hosts is not None:
                 hosts.leased(c.slot, token)
+            if charge is not None and self._charge(token, request, c, charge):
+                continue
             parts.queue.push(request, c, now)
+
+    def _charge(
+        self, token: LeaseToken, request: Request, c: Classified, rules: BudgetRules
+    ) -> bool:
+        """Ask Redis to charge ``request`` to its budgets first; False: none applies."""
+        state = self.worker.control_state
+        host = rules.host(c.slot, state)
+        topic = rules.topic(c.topic, state)
+        crawl = rules.crawl_budget(state)
+        if host is None and topic is None and crawl is None:
+            return False
+        self.charging[token] = (request, c)
+        self.worker.charge(Charge(
+            token, c.slot, c.topic, -1 if host is None else host,
+            -1 if topic is None else topic, -1 if crawl is None else crawl,
+        ))  # fmt: skip
+        return True
+
+    def _charged(self, now: float) -> None:
+        """Requests Redis charged go to the local queue; held or lost ones are dropped here."""
+        results, charging, queue = self.worker.charge_results, self.charging, self.parts.queue
+        stats = self.parts.stats
+        while results:
+            token, outcome = results.popleft()
+            waiting = charging.pop(token, None)
+            if waiting is None:
+                continue
+            if outcome == CHARGED:
+                queue.push(waiting[0], waiting[1], now)
+            elif outcome == HELD:
+                stats.inc_value("banker/budget/held")
+            else:
+                stats.inc_value("banker/budget/lease_lost")
 
     def keep(self, entry: Entry[Request]) -> bool:
         """A request of a partition this node lost goes back: its new owner must fetch it."""
@@ -171,6 +218,10 @@ class Inbound:
     def give_back_buffered(self) -> None:
         """At close: every buffered lease back to Redis; requests never sent there are dropped."""
         handed_back = local_only = 0
+        for waiting in self.charging:
+            self.worker.nack(waiting)
+            handed_back += 1
+        self.charging.clear()
         for entry in self.parts.queue.entries():
             token = lease_of(entry.item, self.partitions)
             if token is None:

@@ -21,7 +21,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from scrapy_banker.core.meta import META_LEASE, META_SLOT
-from scrapy_banker.core.ops import EnqueueOp
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 from scrapy_banker.scheduler.serialize import UnserializableRequest
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ class Outbound:
         #: Whether this worker queued anything for Redis.
         self.sent_any = False
         self._unserializable_logged = False
+        #: Hosts already handed to the worker to note as known (for the operator's commands).
+        self._noted: set[str] = set()
 
     def is_duplicate(self, request: Request) -> bool:
         """Known to be in the crawl's seen sets already: dropped without a round trip.
@@ -79,9 +81,20 @@ class Outbound:
         return False
 
     def put(self, request: Request, c: Classified, now: float, spider: Spider | None) -> str:
-        """Queue ``request`` for Redis (``redis``), or keep it here if it cannot be (``memory``)."""
+        """Queue ``request`` for Redis (``redis``), or keep it here if it cannot be (``memory``).
+
+        A copy of a leased request (put back after a ``429`` or a pause,
+        retried, redirected) gives the original's budget page back when the
+        original is acked: the page is charged once, when its last copy leaves.
+        """
+        token = request.meta.get(META_LEASE)
+        if isinstance(token, LeaseToken):
+            self.worker.refund(token)
         for key in TRANSIENT_META:
             request.meta.pop(key, None)
+        if c.slot not in self._noted:
+            self._noted.add(c.slot)
+            self.worker.note_host(c.slot)
         stats = self.parts.stats
         try:
             payload = self.parts.codec.encode_compact(request, spider)

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from collections import deque
     from collections.abc import Callable
 
-    from scrapy_banker.core.control import BudgetRules
+    from scrapy_banker.core.control import BudgetRules, ControlState
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.core.spill import SpillOps
     from scrapy_banker.redis.control import ControlChannel
@@ -270,6 +270,14 @@ class FrontierWorker:
         self.state.outbox.dead_letter(token, reason)
         self._kick()
 
+    def refund(self, token: LeaseToken) -> None:
+        """A copy of the leased request was queued: its ack gives the budget page back."""
+        self.state.outbox.refund(token)
+
+    def note_host(self, host: str) -> None:
+        """A host the crawl queued requests of (what the operator's commands accept)."""
+        self.state.control.note_host(host)
+
     def charge(self, charge: Charge) -> None:
         """Charge a leased request to its budgets before it is let go (answer in
         :attr:`ControlBox.results <scrapy_banker.redis.worker_control.ControlBox.results>`)."""
@@ -283,6 +291,21 @@ class FrontierWorker:
         this node leased the host's requests under (0: the one it owns now)."""
         self.state.outbox.host_state(host, partition, epoch, state)
         self._kick()
+
+    @property
+    def control_state(self) -> ControlState:
+        """The operator's directives as last read (replaced whole: a read is atomic)."""
+        return self.state.control.state
+
+    @property
+    def charge_results(self) -> deque[tuple[LeaseToken, int]]:
+        """(token, CHARGED | HELD | GONE) of the charges sent."""
+        return self.state.control.results
+
+    @property
+    def crawl_charged(self) -> int | None:
+        """Pages charged to the crawl at the last read (None: no crawl budget)."""
+        return self.state.control.crawl_charged
 
     @property
     def adopted(self) -> deque[tuple[int, int, dict[str, str]]]:

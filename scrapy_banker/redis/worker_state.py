@@ -127,9 +127,15 @@ class Outbox:
             if refund:
                 self._refunds.add(token)
 
+    def refund(self, token: LeaseToken) -> None:
+        """Give ``token``'s budget page back when it is acked (kept until that ack)."""
+        with self._lock:
+            self._refunds.add(token)
+
     def nack(self, token: LeaseToken) -> None:
         with self._lock:
             self._nacks.append(token)
+            self._refunds.discard(token)  # a nack gives the page back anyway
 
     def started(self, token: LeaseToken) -> None:
         with self._lock:
@@ -155,12 +161,14 @@ class Outbox:
     def take(self) -> Batch:
         """Everything to send, in one snapshot (the outbox is empty after it)."""
         with self._lock:
+            refunds = {t for t in self._acks if t in self._refunds} if self._refunds else set()
             batch = Batch(
                 self._enqueues, self._dead, self._acks, self._nacks, self._starts, self._hosts,
-                self._refunds,
+                refunds,
             )  # fmt: skip
             self._enqueues, self._dead, self._acks, self._nacks, self._starts = [], [], [], [], []
-            self._hosts, self._refunds = {}, set()
+            self._hosts = {}
+            self._refunds -= refunds
         return batch
 
     def put_back(self, batch: Batch, sent: int = 0) -> None:

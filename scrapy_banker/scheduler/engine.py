@@ -123,3 +123,17 @@ def call_later(delay: float, func: Callable[[], Any]) -> Timer:
         installed: Any = reactor
         return _TwistedTimer(installed.callLater(max(0.0, delay), func))
     return scrapy_call_later(max(0.0, delay), func)
+
+
+def close_spider(crawler: Crawler, reason: str) -> None:
+    """Close the running spider with ``reason``, as Scrapy's CloseSpider extension does."""
+    engine = getattr(crawler, "engine", None)
+    if engine is None:
+        return
+    close_async = getattr(engine, "close_spider_async", None)
+    if close_async is not None:  # Scrapy >= 2.14
+        from scrapy.utils.defer import deferred_from_coro
+
+        deferred_from_coro(close_async(reason=reason))
+    else:
+        engine.close_spider(crawler.spider, reason)

@@ -191,25 +191,52 @@ class FarmConfig:
         setattr_(self, "node_rows", {str(k): int(v) for k, v in self.node_rows.items()})
         setattr_(self, "host_columns", {int(k): int(v) for k, v in self.host_columns.items()})
         setattr_(self, "domain", self.domain.strip(".").lower())
-        setattr_(self, "static_sites",
-                 {str(k).strip(".").lower(): str(v) for k, v in self.static_sites.items()})
-        setattr_(self, "static_latency_ms",
-                 {str(k).strip(".").lower(): float(v) for k, v in self.static_latency_ms.items()})
+        setattr_(
+            self,
+            "static_sites",
+            {str(k).strip(".").lower(): str(v) for k, v in self.static_sites.items()},
+        )
+        setattr_(
+            self,
+            "static_latency_ms",
+            {str(k).strip(".").lower(): float(v) for k, v in self.static_latency_ms.items()},
+        )
         if self.bandwidth_kbps is not None:
             setattr_(self, "bandwidth_kbps", float(self.bandwidth_kbps))
-        setattr_(self, "rate_limits", {
-            _index(k, "rate_limits"): RateLimit.coerce(v, f"rate_limits[{k}]")
-            for k, v in self.rate_limits.items()})
-        setattr_(self, "static_rate_limits", {
-            _static_name(k): RateLimit.coerce(v, f"static_rate_limits[{k!r}]")
-            for k, v in self.static_rate_limits.items()})
-        setattr_(self, "bursts", {
-            _index(k, "bursts"): Burst.coerce(v, f"bursts[{k}]") for k, v in self.bursts.items()})
-        setattr_(self, "static_bursts", {
-            _static_name(k): Burst.coerce(v, f"static_bursts[{k!r}]")
-            for k, v in self.static_bursts.items()})
-        setattr_(self, "crawl_delays", {
-            _index(k, "crawl_delays"): _crawl_delay(k, v) for k, v in self.crawl_delays.items()})
+        setattr_(
+            self,
+            "rate_limits",
+            {
+                _index(k, "rate_limits"): RateLimit.coerce(v, f"rate_limits[{k}]")
+                for k, v in self.rate_limits.items()
+            },
+        )
+        setattr_(
+            self,
+            "static_rate_limits",
+            {
+                _static_name(k): RateLimit.coerce(v, f"static_rate_limits[{k!r}]")
+                for k, v in self.static_rate_limits.items()
+            },
+        )
+        setattr_(
+            self,
+            "bursts",
+            {_index(k, "bursts"): Burst.coerce(v, f"bursts[{k}]") for k, v in self.bursts.items()},
+        )
+        setattr_(
+            self,
+            "static_bursts",
+            {
+                _static_name(k): Burst.coerce(v, f"static_bursts[{k!r}]")
+                for k, v in self.static_bursts.items()
+            },
+        )
+        setattr_(
+            self,
+            "crawl_delays",
+            {_index(k, "crawl_delays"): _crawl_delay(k, v) for k, v in self.crawl_delays.items()},
+        )
         self._validate()
 
     def _validate(self) -> None:
@@ -834,4 +861,3 @@ def _status_body(status: int, what: str) -> bytes:
         f"<!DOCTYPE html>\n<html><head><title>{status} {reason}</title></head>\n"
         f"<body><h1>{status} {reason}</h1><p>{what}</p></body></html>\n"
     ).encode()
-

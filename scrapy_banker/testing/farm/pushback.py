@@ -401,9 +401,7 @@ class PushbackTracker:
                 again = path in state.refused
                 state.refused.add(path)
                 if again or announced is None or now >= announced + REACTION_S:
-                    self.retry_after_violations[host] = (
-                        self.retry_after_violations.get(host, 0) + 1
-                    )
+                    self.retry_after_violations[host] = self.retry_after_violations.get(host, 0) + 1
                     self._event("retry_after", host, path, now, wall, state.until - now)
                 elif now >= announced:
                     self.retry_after_races[host] = self.retry_after_races.get(host, 0) + 1

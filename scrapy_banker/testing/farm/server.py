@@ -179,9 +179,7 @@ class FarmServer:
         if self.first_at is None:
             return
         busy = {h: n for h, n in self.inflight.items() if n > 0}
-        self.samples.append(
-            [round(time.monotonic() - self.first_at, 3), sum(busy.values()), busy]
-        )
+        self.samples.append([round(time.monotonic() - self.first_at, 3), sum(busy.values()), busy])
 
     def enter(self, host: str) -> None:
         if self.first_at is None:

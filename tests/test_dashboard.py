@@ -7,6 +7,11 @@ live nodes, show a page count that moves while the crawl runs, requeue dead
 letters with the token, and refuse an unauthenticated POST.  The screenshots
 are kept in the test's temporary folder (their paths are printed) so a human
 can look at them.
+
+Run-time control (issue #27): ``POST /api/control`` over real HTTP against a
+real redis-server -- refused (403, 401, 400 with the reason, 413) without
+changing the control document, carried out and logged with the right token --
+and the page's control form driven in headless Chromium.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import pytest
 import redis
 from conftest import ROOT, run
 
+from scrapy_banker.core.control import ControlState
 from scrapy_banker.ops.dashboard.history import RateHistory
+from scrapy_banker.redis.control import ControlChannel
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
@@ -212,7 +219,16 @@ def test_api_is_read_only_without_a_token_and_local_by_default(
     assert state["version"] == 1
     assert state["error"] is None
     assert state["server"]["prefix"] == PREFIX
-    assert state["server"]["actions"] == {"enabled": False, "requeue": False, "pause": False}
+    assert state["server"]["actions"] == {
+        "enabled": False, "requeue": False, "pause": False, "control": False,
+    }  # fmt: skip
+    assert set(state["server"]["verbs"]) == {
+        "pause", "resume", "limit", "delay", "budget", "purge", "inject",
+    }  # fmt: skip
+    # The control section: nothing set, nothing logged, nothing charged.
+    control = state["control"]
+    assert control["state"] == {"version": 0} and control["error"] is None
+    assert control["log"] == [] and control["counts"]["crawl"] == 0
     fleet = state["fleet"]
     assert fleet["prefix"] == PREFIX and fleet["partitions"] == PARTITIONS
     assert fleet["nodes"] == [] and fleet["totals"]["dead"] == 0
@@ -230,6 +246,10 @@ def test_api_is_read_only_without_a_token_and_local_by_default(
         status, data = dash.post("/api/deadletters/requeue", {"count": "all"}, headers)
         assert status == 403 and data == {"error": "actions disabled: set BANKER_DASHBOARD_TOKEN"}
     assert dash.post("/api/topics/news/pause", {}, {})[0] == 403
+    for headers in ({}, {"Authorization": f"Bearer {TOKEN}"}):
+        status, data = dash.post("/api/control", {"verb": "pause", "args": ["a.example"]}, headers)
+        assert status == 403 and data == {"error": "actions disabled: set BANKER_DASHBOARD_TOKEN"}
+    assert redis_client.get(f"{PREFIX}:control") is None
     # Another Host than this machine (a DNS-rebinding page) reads nothing.
     status, data = dash.get("/api/state", {"Host": f"evil.example:{dash.port}"})
     assert status == 403 and "Host" in data["error"]
@@ -272,11 +292,121 @@ def test_api_actions_need_the_right_token(
     good = {"Authorization": f"Bearer {TOKEN}"}
     assert dash.post(path, {"count": 0}, good)[0] == 400
     assert dash.post(path, [1], good)[0] == 400
-    assert dash.post("/api/topics/news/pause", {}, good)[0] == 404  # no pause: see the docs
+    assert dash.post("/api/topics/news/pause", {}, good)[0] == 404  # pausing is /api/control
     status, data = dash.post(path, {"count": "all"}, good)
     assert (status, data) == (200, {"requeued": 0})
     # GET never acts, token or not.
     assert dash.get(path, good)[0] == 404
+
+
+def _channel(client: redis.Redis) -> ControlChannel:
+    return ControlChannel(RedisFrontier(client, prefix=PREFIX, partitions=PARTITIONS).link)
+
+
+@pytest.mark.slow
+def test_api_control_checks_then_acts_and_logs_who(
+    redis_server: RedisServer, redis_client: redis.Redis, dashboards: list[Dashboard]
+) -> None:
+    channel = _channel(redis_client)
+    channel.note_hosts(["a.example"])  # a host the crawl queued requests of
+    dash = Dashboard(
+        redis_server.url,
+        *("-s", f"BANKER_DASHBOARD_TOKEN={TOKEN}"),
+        *("-s", 'BANKER_TOPICS={"news": {"priority": 0}}'),
+    )
+    dashboards.append(dash)
+    assert dash.state()["server"]["actions"]["control"] is True
+    pause = {"verb": "pause", "args": ["a.example"]}
+    # The token rules of every action.
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {TOKEN}x"}):
+        status, data = dash.post("/api/control", pause, headers)
+        assert status == 401 and "token" in data["error"], (headers, data)
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    assert dash.get("/api/control", good)[0] == 404  # GET never acts
+
+    # Bad input: 400 with the reason, and nothing changed, nothing logged.
+    refused: list[tuple[Any, int, str]] = [
+        ({"verb": "budget", "args": ["a.example", "-1"]}, 400,
+         "budget: N must be an integer >= 0 or 'none', got '-1'"),
+        ({"verb": "zap", "args": ["a.example"]}, 400, "unknown action 'zap'; allowed: pause,"),
+        ({"verb": "pause", "args": ["unknown.example"]}, 400,
+         "this crawl has queued no request of 'unknown.example' (its hosts include a.example)"),
+        ({"verb": "pause", "args": ["topic:nope"]}, 400, "no topic 'nope' in this crawl"),
+        ({"verb": "limit", "args": ["a.example", "0"]}, 400, "limit: N must be an integer >= 1"),
+        ({"verb": "inject", "args": ["ftp://a.example/x"]}, 400, "cannot be fetched"),
+        ({"verb": "inject", "args": ["http://a.example/"], "topic": "nope"}, 400,
+         "no topic 'nope' in this crawl"),
+        ({"verb": "pause", "args": "a.example"}, 400, '"args" must be a list of strings'),
+        ({"verb": "pause", "args": ["a.example"], "force": "yes"}, 400, '"force" must be true'),
+        ({"verb": "pause", "args": ["a.example"], "who": "me"}, 400, "unknown fields ['who']"),
+        ({"args": ["a.example"]}, 400, '"verb" must be a non-empty string'),
+        ([1], 400, "body must be a JSON object"),
+        ({"verb": "inject", "args": ["http://a.example/" + "x" * 70_000]}, 413, "body too large"),
+    ]  # fmt: skip
+    for body, want, message in refused:
+        status, data = dash.post("/api/control", body, good)
+        assert status == want and message in data["error"], (body, status, data)
+        assert set(data) == {"error"}
+        assert channel.load() == ControlState(), body
+        assert channel.log() == [], body
+
+    # The right token and good input: done, in the document, logged with who.
+    status, data = dash.post("/api/control", pause, good)
+    assert (status, data) == (
+        200, {"action": {"verb": "pause", "target": "a.example"}, "done": "pause a.example",
+              "version": 1},
+    )  # fmt: skip
+    state = channel.load()
+    assert state.host("a.example").paused and state.paused_hosts == {"a.example"}
+    [entry] = channel.log()
+    assert entry["who"] == "dashboard 127.0.0.1"
+    assert (entry["verb"], entry["target"], entry["version"]) == ("pause", "a.example", 1)
+    # --force: a host the crawl has not queued yet.
+    status, data = dash.post(
+        "/api/control", {"verb": "delay", "args": ["new.example", "2.5"], "force": True}, good
+    )
+    assert status == 200 and data["done"] == "delay new.example 2.5", data
+    assert channel.load().host("new.example").delay == 2.5
+    status, data = dash.post("/api/control", {"verb": "budget", "args": ["crawl", "100"]}, good)
+    assert status == 200 and channel.load().crawl_budget == 100
+    # inject queues (deduplicated fleet-wide); purge dead-letters the host's queued requests.
+    inject = {"verb": "inject", "args": ["http://a.example/1", "http://a.example/2"],
+              "topic": "news"}  # fmt: skip
+    status, data = dash.post("/api/control", inject, good)
+    assert status == 200 and (data["injected"], data["duplicates"]) == (2, 0), data
+    assert dash.post("/api/control", inject, good)[1]["duplicates"] == 2
+    status, data = dash.post("/api/control", {"verb": "purge", "args": ["a.example"]}, good)
+    assert status == 200 and data["purged"] == 2, data
+    assert [e["verb"] for e in channel.log()] == [
+        "purge", "inject", "inject", "budget", "delay", "pause",
+    ]  # fmt: skip
+
+    # /api/state shows the directives, the budgets and the log, read with the fleet.
+    def shown() -> bool:
+        control = dash.state()["control"]
+        return bool(control["state"]) and control["state"]["version"] == 6
+
+    _until("the new control document in /api/state", shown)
+    control = dash.state()["control"]
+    assert control["error"] is None
+    assert control["state"]["hosts"] == {
+        "a.example": {"paused": True}, "new.example": {"delay": 2.5},
+    }  # fmt: skip
+    assert control["state"]["crawl_budget"] == 100
+    assert control["budgets"]["crawl"] == 100
+    assert [e["verb"] for e in control["log"]][:2] == ["purge", "inject"]
+    assert all(e["who"] == "dashboard 127.0.0.1" for e in control["log"])
+
+    # A control document that is not JSON: shown as an error, and every action
+    # refused (400) without touching it.
+    redis_client.set(f"{PREFIX}:control", "not json")
+    _until("the error in /api/state", lambda: dash.state()["control"]["error"] is not None)
+    control = dash.state()["control"]
+    assert "not JSON" in control["error"] and control["state"] is None
+    assert dash.state()["error"] is None  # the rest of the fleet is read as usual
+    status, data = dash.post("/api/control", {"verb": "resume", "args": ["a.example"]}, good)
+    assert status == 400 and "not JSON" in data["error"], data
+    assert redis_client.get(f"{PREFIX}:control") == b"not json"
 
 
 @pytest.mark.slow
@@ -429,3 +559,82 @@ def test_dashboard_in_a_real_browser_on_a_live_fleet(
                     w.proc.terminate()
             for w in workers:
                 w.wait(30)
+
+
+@pytest.mark.slow
+def test_control_form_in_a_real_browser(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    dashboards: list[Dashboard],
+) -> None:
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    channel = _channel(redis_client)
+    channel.note_hosts(["shop.example"])
+    readonly = Dashboard(redis_server.url)
+    dash = Dashboard(redis_server.url, "-s", f"BANKER_DASHBOARD_TOKEN={TOKEN}")
+    dashboards += [readonly, dash]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on(
+                "console",
+                lambda m: errors.append(m.text) if m.type == "error" else None,
+            )
+            hint = page.locator("#control-hint")
+            submit = page.locator("#control-submit")
+
+            # No token configured: the panel is there, read-only, no form to use.
+            page.goto(readonly.url + "/")
+            _until("the read-only hint", lambda: hint.inner_text().startswith("Read-only"))
+            assert not page.locator("#control-form").is_visible()
+            assert submit.is_disabled()
+            assert not page.locator("#token").is_visible()
+
+            # A token configured, none typed: still no form.
+            page.goto(dash.url + "/")
+            _until("the token hint", lambda: "Type the dashboard token" in hint.inner_text())
+            assert not page.locator("#control-form").is_visible()
+            assert submit.is_disabled()
+            page.fill("#token", TOKEN)
+            _until("the form", lambda: page.locator("#control-form").is_visible())
+            assert submit.is_enabled()
+
+            # A refused action: the server's reason on the page, nothing changed.
+            page.select_option("#control-verb", "budget")
+            page.fill("#control-target", "shop.example")
+            page.fill("#control-value", "-1")
+            submit.click()
+            _until("the refusal", lambda: hint.inner_text().startswith("Refused (400)"))
+            assert "N must be an integer >= 0" in hint.inner_text()
+            assert channel.load() == ControlState()
+
+            # pause shop.example: the document in Redis says so, the log names the page.
+            page.select_option("#control-verb", "pause")
+            assert page.locator("#control-value").is_disabled()  # pause takes no value
+            page.fill("#control-target", "shop.example")
+            submit.click()
+            _until("the pause", lambda: hint.inner_text().startswith("Done: pause shop.example"))
+            assert channel.load().host("shop.example").paused
+            [entry] = channel.log()
+            assert (entry["verb"], entry["who"]) == ("pause", "dashboard 127.0.0.1")
+
+            # The panel shows the directive and the action at its next refresh.
+            row = page.locator('#control-directives tr[data-target="shop.example"]')
+            _until("the directive", lambda: row.count() == 1 and "paused" in row.inner_text())
+            log = page.locator("#control-log tbody")
+            _until("the log line", lambda: "pause shop.example" in log.inner_text())
+            assert "dashboard 127.0.0.1" in log.inner_text()
+            assert page.locator("#control-version").inner_text() == "version 1"
+            shot = tmp_path / "dashboard-control.png"
+            page.locator("#control-card").screenshot(path=str(shot))
+            print(f"\ncontrol panel screenshot: {shot}")
+            # The browser logs each refused fetch (the 400 above) as a console error.
+            assert not [e for e in errors if "status of 400" not in e], errors
+        finally:
+            browser.close()

@@ -27,8 +27,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
+from scrapy_banker.core.control import Action, ControlState, HostControl
 from scrapy_banker.core.telemetry import Sample, SlotSample, TopicSample, sample_from_dict
-from scrapy_banker.ops.metrics import BankerMetrics, Snapshot, families
+from scrapy_banker.ops.metrics import (
+    BankerMetrics,
+    ControlReading,
+    Snapshot,
+    families,
+    read_control,
+)
 from scrapy_banker.redis.keys import Keyspace
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
@@ -305,3 +312,146 @@ def test_metrics_are_off_by_default_and_with_a_foreign_scheduler() -> None:
     with pytest.raises(NotConfigured) as foreign:
         BankerMetrics.from_crawler(crawler)
     assert not foreign.value.args
+
+
+# -- run-time control (issue #27) ---------------------------------------------------------
+
+
+def _lines(snap: Snapshot) -> set[str]:
+    return {
+        f"{s.name} {sorted(s.labels.items())} {s.value}"
+        for family in families(snap)
+        for s in family.samples
+    }
+
+
+def test_control_families_show_paused_hosts_budgets_and_charges() -> None:
+    sample = Sample(t=10.0, node="n0", pages=7, queued=3, inflight=2)
+    reading = ControlReading(
+        version=4, paused_hosts=2, paused_topics=1,
+        budgets=(("crawl", "crawl", 100), ("host", "a.test", 5)),
+        charged=(("crawl", "crawl", 42),),
+        counters={"budget_held": 3, "budget_released": 1},
+    )  # fmt: skip
+    lines = _lines(Snapshot(sample, {}, {}, reading))
+    assert {
+        "banker_control_version [] 4",
+        "banker_paused_hosts [] 2",
+        "banker_paused_topics [] 1",
+        "banker_budget_pages [('name', 'crawl'), ('scope', 'crawl')] 100",
+        "banker_budget_pages [('name', 'a.test'), ('scope', 'host')] 5",
+        "banker_budget_charged_pages [('name', 'crawl'), ('scope', 'crawl')] 42",
+        "banker_budget_held_total [] 3",
+        "banker_budget_released_total [] 1",
+    } <= lines
+    # A scheduler without a control gate: no control series at all.
+    assert not any(
+        "paused" in line or "budget" in line for line in _lines(Snapshot(sample, {}, {}))
+    )
+
+
+def test_read_control_follows_the_schedulers_gate_and_the_settings_budgets() -> None:
+    from scrapy_banker.scheduler import BankerScheduler
+
+    crawler = get_crawler(
+        settings_dict={
+            "BANKER_CRAWL_BUDGET": 100,
+            "BANKER_HOST_BUDGET": 20,
+            "BANKER_HOST_BUDGETS": {"*.gov": 7},
+            "BANKER_TOPICS": {"news": {"priority": 0, "budget": 30}},
+        }
+    )
+    scheduler = BankerScheduler.from_crawler(crawler)
+    assert crawler.stats is not None
+    reading = read_control(scheduler, crawler.stats)
+    assert reading is not None
+    assert (reading.version, reading.paused_hosts, reading.paused_topics) == (0, 0, 0)
+    assert reading.budgets == (
+        ("crawl", "crawl", 100), ("topic", "news", 30), ("host", "*", 20), ("host", "*.gov", 7),
+    )  # fmt: skip
+    # One node counts its own pages: nothing charged yet.
+    assert reading.charged == (("crawl", "crawl", 0),)
+    assert reading.counters == {"budget_held": 0, "budget_released": 0}
+
+    # An operator pauses two hosts and a topic, gives a host a budget, lowers the crawl's.
+    state = ControlState()
+    for action in (
+        Action("pause", "a.test"), Action("pause", "b.test"), Action("pause", "topic:news"),
+        Action("budget", "c.test", 3), Action("budget", "crawl", 50),
+    ):  # fmt: skip
+        state = state.apply(action)
+    scheduler.apply_control(state)
+    crawler.stats.set_value("banker/budget/held", 4)
+    reading = read_control(scheduler, crawler.stats)
+    assert reading is not None
+    assert (reading.version, reading.paused_hosts, reading.paused_topics) == (5, 2, 1)
+    assert ("crawl", "crawl", 50) in reading.budgets
+    assert ("host", "c.test", 3) in reading.budgets
+    assert reading.counters == {"budget_held": 4, "budget_released": 0}
+    assert state.host("c.test") == HostControl(budget=3)
+    lines = _lines(
+        Snapshot(Sample(t=1.0, node="n", pages=0, queued=0, inflight=0), {}, {}, reading)
+    )
+    assert "banker_paused_hosts [] 2" in lines
+    assert "banker_budget_pages [('name', 'crawl'), ('scope', 'crawl')] 50" in lines
+
+    # A scheduler without a control gate (or not a BankerScheduler): nothing.
+    assert read_control(object()) is None
+
+
+@pytest.mark.slow
+def test_a_crawl_budget_is_scraped_charged_to_its_limit(farm: WebFarm, tmp_path: Path) -> None:
+    farm.reset()
+    budget = 60
+    log, stats_file = tmp_path / "crawl.log", tmp_path / "stats.json"
+    settings = {
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "BANKER_TOPIC_RULES": RULES,
+        "BANKER_CRAWL_BUDGET": budget,
+        "BANKER_METRICS_PORT": 0,
+        "BANKER_TIMESERIES_INTERVAL": INTERVAL,
+        "BANKER_STATS_FILE": str(stats_file),
+        "CONCURRENT_REQUESTS": 8,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
+        "LOG_FILE": str(log),
+        "LOG_LEVEL": "INFO",
+        "TELNETCONSOLE_ENABLED": False,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HELD_CRAWL, json.dumps(settings),
+         json.dumps(farm.start_urls()), str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        url = _metrics_url(log, proc)
+        during = []
+        while not (tmp_path / "idle").exists():
+            assert proc.poll() is None, log.read_text("utf-8")[-3000:]
+            during.append(_scrape(url))
+            time.sleep(INTERVAL)
+        time.sleep(3 * INTERVAL)
+        final = _scrape(url)
+        (tmp_path / "release").touch()
+        assert proc.wait(timeout=60) == 0, (
+            proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stats = json.loads(stats_file.read_text("utf-8"))
+    crawl = (("name", "crawl"), ("scope", "crawl"))
+    assert final["banker_budget_pages"][crawl] == budget
+    # Charged up to the budget, never past it; what was left is held, not dropped.
+    charged = [
+        s["banker_budget_charged_pages"][crawl]
+        for s in during
+        if "banker_budget_charged_pages" in s
+    ]
+    assert charged == sorted(charged) and max(charged) <= budget
+    assert final["banker_budget_charged_pages"][crawl] == budget
+    assert final["banker_budget_held_total"][()] == stats["banker/budget/held"] > 0
+    assert final["banker_paused_hosts"][()] == 0 and final["banker_control_version"][()] == 0
+    # The responses are the pages charged, no more.
+    pages = sum(_by(final["banker_pages_total"], "topic").values())
+    assert pages == budget == stats["downloader/response_count"]

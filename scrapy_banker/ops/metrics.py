@@ -16,6 +16,11 @@ shows the crawl as it was at most one interval ago;
 
 The HTTP server binds to :setting:`BANKER_METRICS_BIND` (localhost by
 default) and stops when the spider closes.
+
+Run-time control (issue #27) is read with the sample, on the reactor thread:
+the directives the scheduler follows and the budgets in force
+(:func:`read_control`), so a scrape says which hosts this node holds paused
+and how much of the crawl's budget is spent.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from scrapy.exceptions import NotConfigured
 
+from scrapy_banker.core.control import CRAWL, BudgetRules, ControlState
 from scrapy_banker.ops.timeseries import SamplingExtension
 from scrapy_banker.settings import ops_config
 
@@ -45,13 +51,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CONTROL_STATS",
     "DEAD_LETTER_STATS",
     "DEFERRED_REASONS",
     "NAMESPACE",
     "BankerMetrics",
+    "ControlReading",
     "SampleCollector",
     "Snapshot",
     "families",
+    "read_control",
     "read_counters",
 ]
 
@@ -67,6 +76,17 @@ DEAD_LETTER_STATS: Mapping[str, tuple[str, ...]] = {
 }
 #: ``banker_admission_deferred_total`` reasons (``banker/admission/deferred/<reason>``).
 DEFERRED_REASONS = ("unsafe", "insufficient")
+#: Run-time control counters: metric name (without the namespace) -> (stats counter, help).
+CONTROL_STATS: Mapping[str, tuple[str, str]] = {
+    "budget_held": (
+        "banker/budget/held",
+        "Requests held aside because a budget was spent (this node's pops or leases).",
+    ),
+    "budget_released": (
+        "banker/budget/released",
+        "Held requests put back in their queues after a budget changed.",
+    ),
+}
 #: Every metric is ``<NAMESPACE>_<name>`` (prometheus-client's namespace convention).
 NAMESPACE = "banker"
 
@@ -76,12 +96,33 @@ def _name(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class ControlReading:
+    """The run-time control a node follows, read with a sample on the reactor thread."""
+
+    #: Version of the control document the scheduler follows (0: none yet).
+    version: int
+    paused_hosts: int
+    paused_topics: int
+    #: ``(scope, name, pages)`` of every budget in force: ``crawl``; ``topic``
+    #: per topic; ``host`` per host an operator gave one, per
+    #: ``BANKER_HOST_BUDGETS`` pattern, ``*`` for ``BANKER_HOST_BUDGET``.
+    budgets: tuple[tuple[str, str, int], ...] = ()
+    #: ``(scope, name, pages)`` charged: the crawl's (fleet-wide on a fleet, as
+    #: the worker last read it), each topic's on a single node.
+    charged: tuple[tuple[str, str, int], ...] = ()
+    #: :data:`CONTROL_STATS` counters.
+    counters: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What one scrape shows: a sample and the counters read with it, on the reactor."""
 
     sample: Sample
     dead_letters: dict[str, int]
     deferred: dict[str, int]
+    #: None: the scheduler follows no control (a scheduler without a control gate).
+    control: ControlReading | None = None
 
 
 def read_counters(stats: StatsCollector) -> tuple[dict[str, int], dict[str, int]]:
@@ -93,6 +134,60 @@ def read_counters(stats: StatsCollector) -> tuple[dict[str, int], dict[str, int]
     dead = {reason: sum(get(k) for k in keys) for reason, keys in DEAD_LETTER_STATS.items()}
     deferred = {reason: get(f"banker/admission/deferred/{reason}") for reason in DEFERRED_REASONS}
     return dead, deferred
+
+
+def read_control(scheduler: Any, stats: StatsCollector | None = None) -> ControlReading | None:
+    """What the scheduler follows of the operator's control, or None (it follows none).
+
+    Reactor thread only: the scheduler's ``control`` gate
+    (:class:`~scrapy_banker.scheduler.control.ControlGate`) holds the state
+    it applies and the settings' budget rules; a single node counts pages in
+    the gate's budget book, a fleet in Redis, whose crawl count the worker
+    thread last read (``store.worker.crawl_charged``).
+    """
+    control = getattr(scheduler, "control", None)
+    state = getattr(control, "state", None)
+    rules = getattr(control, "rules", None)
+    if not isinstance(state, ControlState) or not isinstance(rules, BudgetRules):
+        return None
+    budgets: list[tuple[str, str, int]] = []
+    crawl = rules.crawl_budget(state)
+    if crawl is not None:
+        budgets.append(("crawl", CRAWL, crawl))
+    for topic in sorted(set(rules.topics) | set(state.topics)):
+        budget = rules.topic(topic, state)
+        if budget is not None:
+            budgets.append(("topic", topic, budget))
+    hosts = {h: c.budget for h, c in state.hosts.items() if c.budget is not None}
+    for pattern, budget in rules.patterns:
+        hosts.setdefault(pattern, budget)
+    if rules.default is not None:
+        hosts.setdefault("*", rules.default)
+    budgets += [("host", h, b) for h, b in sorted(hosts.items())]
+    charged: list[tuple[str, str, int]] = []
+    if rules.any(state):
+        book = getattr(control, "book", None)
+        if book is not None:  # one node: its own counts
+            charged.append(("crawl", CRAWL, int(book.crawl)))
+            charged += [("topic", t, int(n)) for t, n in sorted(book.topics.items())]
+        else:  # a fleet: Redis counts, the crawl's as the worker last read it
+            worker = getattr(getattr(scheduler, "store", None), "worker", None)
+            crawl_charged = getattr(worker, "crawl_charged", None)
+            if isinstance(crawl_charged, int):
+                charged.append(("crawl", CRAWL, crawl_charged))
+    counters = None
+    if stats is not None:
+        counters = {
+            name: int(stats.get_value(key, 0) or 0) for name, (key, _) in CONTROL_STATS.items()
+        }
+    return ControlReading(
+        version=state.version,
+        paused_hosts=len(state.paused_hosts),
+        paused_topics=len(state.paused_topics),
+        budgets=tuple(budgets),
+        charged=tuple(charged),
+        counters=counters,
+    )
 
 
 class SampleCollector(Collector):
@@ -211,6 +306,9 @@ def families(snap: Snapshot) -> Iterator[Metric]:
             g.add_metric([], value)
             yield g
 
+    if snap.control is not None:
+        yield from _control_families(snap.control)
+
     if s.fleet is not None:
         f = s.fleet
         for name, doc, value in (
@@ -224,6 +322,41 @@ def families(snap: Snapshot) -> Iterator[Metric]:
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g
+
+
+def _control_families(c: ControlReading) -> Iterator[Metric]:
+    """Run-time control: what the node follows, the budgets in force and what is charged."""
+    for name, doc, value in (
+        (_name("control_version"),
+         "Version of the operator's control document this node follows (0: none).", c.version),
+        (_name("paused_hosts"), "Hosts paused by an operator (scrapy banker pause HOST).",
+         c.paused_hosts),
+        (_name("paused_topics"), "Topics paused by an operator (scrapy banker pause topic:NAME).",
+         c.paused_topics),
+    ):  # fmt: skip
+        g = GaugeMetricFamily(name, doc)
+        g.add_metric([], value)
+        yield g
+    budget = GaugeMetricFamily(
+        _name("budget_pages"),
+        "Pages the crawl, a topic or a host may be fetched (budgets in force).",
+        labels=["scope", "name"],
+    )
+    for scope, label, n in c.budgets:
+        budget.add_metric([scope, label], n)
+    yield budget
+    charged = GaugeMetricFamily(
+        _name("budget_charged_pages"),
+        "Pages charged to a budget: the crawl's (fleet-wide on a fleet), a topic's (one node).",
+        labels=["scope", "name"],
+    )
+    for scope, label, n in c.charged:
+        charged.add_metric([scope, label], n)
+    yield charged
+    for key, n in sorted((c.counters or {}).items()):
+        counter = CounterMetricFamily(_name(key), CONTROL_STATS[key][1])
+        counter.add_metric([], n)
+        yield counter
 
 
 class BankerMetrics(SamplingExtension):
@@ -269,7 +402,8 @@ class BankerMetrics(SamplingExtension):
 
     def on_sample(self, sample: Sample) -> None:
         dead, deferred = read_counters(self.stats)
-        self.snapshot = Snapshot(sample, dead, deferred)
+        control = read_control(self.scheduler, self.stats)
+        self.snapshot = Snapshot(sample, dead, deferred, control)
 
     def on_close(self, sample: Sample | None) -> None:
         if sample is not None:

@@ -36,6 +36,8 @@ from scrapy_banker.ops.metrics import (
     families,
     read_control,
 )
+from scrapy_banker.redis.control import ControlChannel
+from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.keys import Keyspace
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
@@ -455,3 +457,59 @@ def test_a_crawl_budget_is_scraped_charged_to_its_limit(farm: WebFarm, tmp_path:
     # The responses are the pages charged, no more.
     pages = sum(_by(final["banker_pages_total"], "topic").values())
     assert pages == budget == stats["downloader/response_count"]
+
+
+@pytest.mark.slow
+def test_fleet_nodes_serve_the_directives_they_follow_and_the_crawl_budget(
+    farm: WebFarm, redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    farm.reset()
+    budget = 150
+    # An operator paused a host before the workers started (one the farm does
+    # not serve: the crawl is not slowed, the directive is only to be seen).
+    channel = ControlChannel(RedisFrontier(redis_client, prefix="banker:fleet", partitions=64).link)
+    channel.act(Action("pause", "elsewhere.test"), who="test", now=time.time())
+    names = ("n0", "n1")
+    workers = []
+    for name in names:
+        settings = _fleet_settings(redis_server, name, tmp_path / f"{name}.log")
+        settings["BANKER_CRAWL_BUDGET"] = budget
+        workers.append(
+            FleetWorker(name, tmp_path, {"settings": settings, "seeds": farm.start_urls()})
+        )
+    crawl = (("name", "crawl"), ("scope", "crawl"))
+    scrapes: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    try:
+        urls = {w.name: _metrics_url(w.log_path, w.proc) for w in workers}
+        while any(w.proc.poll() is None for w in workers):
+            for w in workers:
+                if w.proc.poll() is not None:
+                    continue
+                try:
+                    scrapes[w.name].append(_scrape(urls[w.name]))
+                except OSError:
+                    continue  # closing: its server just stopped
+            time.sleep(INTERVAL)
+        for w in workers:
+            assert w.wait(60) == 0, w.log_tail()
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.kill()
+    responses = sum(w.stats()["downloader/response_count"] for w in workers)
+    print(f"\n{responses} responses; scrapes: {[len(v) for v in scrapes.values()]}")
+    assert 0 < responses <= budget
+    for name in names:
+        seen = [s for s in scrapes[name] if s.get("banker_control_version", {}).get((), 0) >= 1]
+        assert seen, f"node {name} never showed the control document"
+        assert all(s["banker_paused_hosts"][()] == 1 for s in seen)
+        assert all(s["banker_budget_pages"][crawl] == budget for s in seen)
+        # Charged fleet-wide, as the node last read it: never past the budget.
+        charged = [s["banker_budget_charged_pages"][crawl] for s in seen
+                   if crawl in s.get("banker_budget_charged_pages", {})]  # fmt: skip
+        assert charged and max(charged) <= budget, charged
+    assert max(
+        s["banker_budget_charged_pages"][crawl]
+        for name in names for s in scrapes[name]
+        if crawl in s.get("banker_budget_charged_pages", {})
+    ) > 0  # fmt: skip

@@ -152,12 +152,13 @@ class ControlJob:
         except BaseException:
             box.put_back(charges)
             raise
-        counters = self.state.counters
+        counters, leases = self.state.counters, self.state.leases
         for group, answer in zip(by_partition.values(), answers, strict=True):
             for c, result in zip(group, answer, strict=True):
-                box.results.append((c.token, int(result)))
-                if int(result) == HELD:
-                    counters.add("banker/budget/held")
+                outcome = int(result)
+                if outcome != CHARGED:  # held in Redis, or not this node's: no lease here
+                    leases.forget(c.token)
+                box.results.append((c.token, outcome))
         if self.on_ready is not None:
             self.on_ready()
         return True

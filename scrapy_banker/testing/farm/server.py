@@ -173,6 +173,9 @@ class FarmServer:
         self.samples: list[list[Any]] = []
         #: Host -> seconds since the first request at which its last answer left.
         self.host_done: dict[str, float] = {}
+        #: Host -> ``[wall time, +1 (received) or -1 (answered)]``, in order: when
+        #: each request arrived and left (what an operator's pause or limit changed).
+        self.host_events: dict[str, list[tuple[float, int]]] = {}
 
     def sample(self) -> None:
         """Record the requests in flight now (called every ``sample_interval_s``)."""
@@ -184,12 +187,14 @@ class FarmServer:
     def enter(self, host: str) -> None:
         if self.first_at is None:
             self.first_at = time.monotonic()
+        self.host_events.setdefault(host, []).append((time.time(), 1))
         n = self.inflight.get(host, 0) + 1
         self.inflight[host] = n
         if n > self.max_inflight.get(host, 0):
             self.max_inflight[host] = n
 
     def leave(self, host: str) -> None:
+        self.host_events.setdefault(host, []).append((time.time(), -1))
         self.inflight[host] -= 1
         now = self.last_done_at = time.monotonic()
         if self.first_at is not None:
@@ -216,6 +221,7 @@ class FarmServer:
         if urls:
             out["fetches"] = dict(self.fetches)
             out["refused_urls"] = dict(self.refused_urls)
+            out["host_events"] = {h: list(e) for h, e in self.host_events.items()}
         return out
 
     def _cached(self, i: int, path: str) -> tuple[int, bytes, float]:

@@ -1,0 +1,161 @@
+"""Budgets and run-time control in real crawls (issue #27).
+
+Real worker processes (``scrapy_banker.testing.fleet``) against the web farm
+and a real redis-server; the operator's actions go through the real
+``scrapy banker`` command line.  Every assertion is on what the farm served
+(distinct pages per host, when each request arrived) and on the workers' stats.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
+from scrapy_banker.testing.fleet import FleetWorker
+from scrapy_banker.testing.redis_server import RedisServer
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+SCHEDULER = "scrapy_banker.redis.scheduler.BankerRedisScheduler"
+PREFIX = "banker:fleet"
+HEARTBEAT_S = 0.5
+
+
+def _settings(server: RedisServer, node: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "SCHEDULER": SCHEDULER,
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "REDIS_URL": server.url,
+        "BANKER_REDIS_NODE_ID": node,
+        "BANKER_REDIS_PARTITIONS": 32,
+        "BANKER_REDIS_IDLE_BEFORE_CLOSE": 2.0,
+        "BANKER_REDIS_HEARTBEAT": HEARTBEAT_S,
+        "BANKER_REDIS_NODE_TIMEOUT": 2.0,
+        "BANKER_REDIS_LEASE_TTL": 2.0,
+        "BANKER_REDIS_REAP_INTERVAL": 0.5,
+        "CONCURRENT_REQUESTS": 16,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        **extra,
+    }
+
+
+def _worker(
+    name: str, tmp: Path, server: RedisServer, seeds: list[str], **extra: Any
+) -> FleetWorker:
+    return FleetWorker(name, tmp, {"settings": _settings(server, name, **extra), "seeds": seeds})
+
+
+def _finish(workers: list[FleetWorker], timeout: float = 150.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        code = w.wait(max(1.0, deadline - time.monotonic()))
+        assert code == 0, f"worker {w.name} exited with {code}:\n{w.log_tail()}"
+    return [w.stats() for w in workers]
+
+
+def _wait(what: Any, workers: list[FleetWorker], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "the crawl made no progress"
+        assert all(w.proc.poll() is None for w in workers), "a worker ended early"
+        time.sleep(0.05)
+
+
+def _pages_by_host(farm: WebFarm) -> dict[str, set[str]]:
+    """Distinct pages each host served (any answer: a page fetched is a page fetched)."""
+    out: dict[str, set[str]] = {}
+    for url in farm.stats(urls=True)["fetches"]:
+        if not url.endswith("/robots.txt"):
+            out.setdefault(urlsplit(url).hostname or "", set()).add(url)
+    return out
+
+
+def _expected_by_host(farm: WebFarm) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for url in farm.expected_urls():
+        out.setdefault(urlsplit(url).hostname or "", set()).add(url)
+    return out
+
+
+def _total(stats: list[dict[str, Any]], key: str) -> int:
+    return sum(int(s.get(key, 0)) for s in stats)
+
+
+def banker(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
+    """``scrapy banker ARGS`` against the fleet, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy.cmdline", "banker", *args,
+         "--prefix", PREFIX, "-s", f"REDIS_URL={server.url}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+FARM = FarmConfig(seed=11, hosts=8, total_pages=320, latency_ms=40.0)
+
+
+def test_host_budgets_hold_exactly_through_a_kill_and_a_join(tmp_path: Path) -> None:
+    with WebFarm(FARM) as farm, RedisServer() as server:
+        expected = _expected_by_host(farm)
+        big = sorted(expected, key=lambda h: -len(expected[h]))
+        budgets = {big[0]: 7, big[1]: 12}
+        extra = {"BANKER_HOST_BUDGETS": budgets}
+        seeds = farm.start_urls()
+        workers = [_worker(f"w{i}", tmp_path, server, seeds, **extra) for i in range(2)]
+        _wait(lambda: farm.stats()["requests"] >= 60, workers)
+        workers[0].kill()
+        joiner = _worker("w2", tmp_path, server, seeds, **extra)
+        stats = _finish([workers[1], joiner])
+        served = _pages_by_host(farm)
+    for host, pages in expected.items():
+        budget = budgets.get(host)
+        if budget is None:
+            assert served.get(host) == pages, f"{host}: lost {len(pages - served.get(host, set()))}"
+        else:
+            # Exactly the budget: no page beyond it, none short of it while work remained.
+            assert len(served[host]) == budget, (host, len(served[host]), budget)
+    assert _total(stats, "banker/budget/held") >= 1
+
+
+def test_pause_and_resume_from_the_command_line_in_a_running_fleet(tmp_path: Path) -> None:
+    slow = FarmConfig(seed=12, hosts=4, total_pages=240, latency_ms=120.0)
+    with WebFarm(slow) as farm, RedisServer() as server:
+        expected = _expected_by_host(farm)
+        host = max(expected, key=lambda h: len(expected[h]))
+        seeds = farm.start_urls()
+        workers = [_worker(f"w{i}", tmp_path, server, seeds) for i in range(2)]
+        _wait(lambda: farm.stats()["per_host"].get(host, 0) >= 10, workers)
+        # Bad input changes nothing: exit code 2, one line naming the argument.
+        bad = banker(server, "budget", host, "-3")
+        assert bad.returncode == 2 and "N must be an integer >= 0" in bad.stderr, bad.stderr
+        unknown = banker(server, "pause", "nowhere.example")
+        assert unknown.returncode == 2 and "queued no request of 'nowhere.example'" in (
+            unknown.stderr
+        )
+        done = banker(server, "pause", host)
+        assert done.returncode == 0, done.stderr
+        paused_at = time.time()
+        time.sleep(6 * HEARTBEAT_S + 2.0)
+        events = farm.stats(urls=True)["host_events"][host]
+        arrivals = [t for t, kind in events if kind == 1]
+        late = [t - paused_at for t in arrivals if t > paused_at + 2 * HEARTBEAT_S]
+        assert not late, f"{len(late)} requests reached the paused host after 2 heartbeats"
+        assert len(_pages_by_host(farm)[host]) < len(expected[host])  # work remained
+        shown = banker(server, "control", "--json")
+        assert shown.returncode == 0, shown.stderr
+        doc = json.loads(shown.stdout)
+        assert doc["state"]["hosts"][host] == {"paused": True}
+        assert doc["log"][0]["verb"] == "pause" and "scrapy banker" in doc["log"][0]["who"]
+        assert banker(server, "resume", host).returncode == 0
+        stats = _finish(workers)
+        served = _pages_by_host(farm)
+    assert served == expected  # nothing lost: the paused host's pages waited
+    assert all(s["finish_reason"] == "finished" for s in stats)
+    assert _total(stats, "banker/control/updates") >= 2 * len(workers)

@@ -152,7 +152,7 @@ class ControlJob:
         except BaseException:
             box.put_back(charges)
             raise
-        counters, leases = self.state.counters, self.state.leases
+        leases = self.state.leases
         for group, answer in zip(by_partition.values(), answers, strict=True):
             for c, result in zip(group, answer, strict=True):
                 outcome = int(result)

@@ -60,7 +60,7 @@ class Copy:
     """One copy of a request found in its partition."""
 
     id: str
-    #: ``queued``, ``leased`` or ``dead``.
+    #: ``queued``, ``leased``, ``over budget`` or ``dead``.
     state: str
     #: Queued: requests ahead of it in the partition's queue.
     ahead: int | None = None
@@ -109,7 +109,8 @@ class Explanation:
     owner_epoch: int
     seen: bool
     copies: tuple[Copy, ...]
-    #: ``queued``, ``leased``, ``dead``, ``done`` (seen, nothing left) or ``unknown``.
+    #: ``queued``, ``leased``, ``over budget``, ``dead``, ``done`` (seen, nothing left) or
+    #: ``unknown``.
     state: str
     #: One sentence: why it waits (None when it does not wait).
     waiting: str | None
@@ -201,6 +202,13 @@ def _find_copies(
             found.append(Copy(i, "leased", deliveries=deliveries[i],
                               expires_in_s=(score - now_ms) / 1000, payload=info,
                               epoch=None if epoch is None else int(decode(epoch))))  # fmt: skip
+    for raw in client.lrange(k.over, 0, -1):
+        # "<id>\t<priority>\t<host>\t<payload>" (lua/charge.lua)
+        fields = decode(raw, lossy=True).split("\t", 3)
+        if len(fields) == 4 and (url in fields[3] or fields[3][:1] == "Z"):
+            info = describe_payload(fields[3], codec)
+            if info.url == url:
+                found.append(Copy(fields[0], "over budget", payload=info))
     for index, raw in enumerate(client.lrange(k.dead, 0, -1)):
         letter = parse_letter(partition, index, raw, codec)
         if letter.id is not None and letter.payload.url == url:
@@ -269,6 +277,12 @@ def _why_waiting(
     holder: str | None,
 ) -> str | None:
     """One sentence from the state just read, most decisive reason first."""
+    if copy.state == "over budget":
+        return (
+            f"it is over budget: its host ({slot}), its topic ({topic}) or the crawl has "
+            "been fetched as many pages as its budget allows; it is kept, and fetched if "
+            "the budget is raised (scrapy banker budget)"
+        )
     if copy.state == "dead":
         return (
             f"it is dead-lettered ({copy.reason}); nothing fetches it until it is requeued "
@@ -396,7 +410,7 @@ def explain_url(
     )  # fmt: skip
     state = "unknown"
     waiting: str | None = None
-    for wanted in ("leased", "queued", "dead"):
+    for wanted in ("leased", "queued", "over budget", "dead"):
         match = next((cp for cp in copies if cp.state == wanted), None)
         if match is not None:
             state = wanted

@@ -93,6 +93,8 @@ class PartitionCounts:
     expired: tuple[int, ...]
     #: The server's clock when counting started, in milliseconds.
     now_ms: int
+    #: Requests held over a budget (``lua/charge.lua``), per partition.
+    over: tuple[int, ...] = ()
 
 
 def server_time_ms(client: Client) -> int:
@@ -113,6 +115,7 @@ def count_partitions(client: Client, keyspace: Keyspace, chunk: int = _CHUNK) ->
     leased: list[int] = []
     dead: list[int] = []
     expired: list[int] = []
+    over: list[int] = []
     size = max(1, chunk)
     for start in range(0, keyspace.partitions, size):
         pipe = client.pipeline(transaction=False)
@@ -122,12 +125,16 @@ def count_partitions(client: Client, keyspace: Keyspace, chunk: int = _CHUNK) ->
             pipe.zcard(k.leases)
             pipe.llen(k.dead)
             pipe.zcount(k.leases, "-inf", now)
+            pipe.llen(k.over)
         answers = [int(n or 0) for n in pipe.execute()]
-        queued += answers[0::4]
-        leased += answers[1::4]
-        dead += answers[2::4]
-        expired += answers[3::4]
-    return PartitionCounts(tuple(queued), tuple(leased), tuple(dead), tuple(expired), now)
+        queued += answers[0::5]
+        leased += answers[1::5]
+        dead += answers[2::5]
+        expired += answers[3::5]
+        over += answers[4::5]
+    return PartitionCounts(
+        tuple(queued), tuple(leased), tuple(dead), tuple(expired), now, tuple(over)
+    )
 
 
 # -- the fleet --------------------------------------------------------------------------
@@ -268,6 +275,8 @@ class FleetView:
     topics: tuple[TopicView, ...]
     placement: PlacementView
     reaper: ReaperView
+    #: Requests held over a budget (kept, fetched if a budget is raised).
+    over_budget: int = 0
 
     @property
     def exists(self) -> bool:
@@ -301,6 +310,7 @@ class FleetView:
                 "queued": self.queued,
                 "leased": self.leased,
                 "dead": self.dead,
+                "over_budget": self.over_budget,
                 "finished": self.finished,
                 "nodes": len(self.nodes),
                 "live_nodes": len(self.live_nodes),
@@ -486,4 +496,5 @@ def read_fleet(
             running_on=_holder(client, keyspace.reaper_lock),
             expired_leases=sum(counts.expired),
         ),
+        over_budget=sum(counts.over),
     )

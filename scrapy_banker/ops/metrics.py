@@ -143,7 +143,7 @@ def read_control(scheduler: Any, stats: StatsCollector | None = None) -> Control
     (:class:`~scrapy_banker.scheduler.control.ControlGate`) holds the state
     it applies and the settings' budget rules; a single node counts pages in
     the gate's budget book, a fleet in Redis, whose crawl count the worker
-    thread last read (``store.worker.crawl_charged``).
+    thread last read (``store.crawl_charged``).
     """
     control = getattr(scheduler, "control", None)
     state = getattr(control, "state", None)
@@ -171,8 +171,7 @@ def read_control(scheduler: Any, stats: StatsCollector | None = None) -> Control
             charged.append(("crawl", CRAWL, int(book.crawl)))
             charged += [("topic", t, int(n)) for t, n in sorted(book.topics.items())]
         else:  # a fleet: Redis counts, the crawl's as the worker last read it
-            worker = getattr(getattr(scheduler, "store", None), "worker", None)
-            crawl_charged = getattr(worker, "crawl_charged", None)
+            crawl_charged = getattr(getattr(scheduler, "store", None), "crawl_charged", None)
             if isinstance(crawl_charged, int):
                 charged.append(("crawl", CRAWL, crawl_charged))
     counters = None

@@ -379,6 +379,13 @@ class RedisLeaseStore:
         self.hosts.publish()
         self.worker.dead_letter(token, reason)
 
+    # -- budgets and control -----------------------------------------------------------
+
+    @property
+    def crawl_charged(self) -> int | None:
+        """Pages charged to the crawl fleet-wide at the last read (None: no crawl budget)."""
+        return self.worker.crawl_charged
+
     # -- telemetry (read by the scheduler's sampler) ------------------------------------
 
     def telemetry_fleet(self) -> FleetSample:

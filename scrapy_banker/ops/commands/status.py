@@ -99,8 +99,9 @@ def _print_fleet(fleet: FleetView) -> None:
         f"{fleet.partitions} partitions (table version {fleet.table_version})"
     )
     out.print(
-        f"Requests: {fleet.queued} queued, {fleet.leased} leased, {fleet.dead} dead-lettered; "
-        f"finished counter {fleet.finished}"
+        f"Requests: {fleet.queued} queued, {fleet.leased} leased, {fleet.dead} dead-lettered"
+        + (f", {fleet.over_budget} held over budget" if fleet.over_budget else "")
+        + f"; finished counter {fleet.finished}"
     )
     out.print(
         f"Partitions: {fleet.owned} owned, {fleet.unowned} without owner, "

@@ -8,6 +8,7 @@ and a real redis-server; the operator's actions go through the real
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -159,3 +160,122 @@ def test_pause_and_resume_from_the_command_line_in_a_running_fleet(tmp_path: Pat
     assert served == expected  # nothing lost: the paused host's pages waited
     assert all(s["finish_reason"] == "finished" for s in stats)
     assert _total(stats, "banker/control/updates") >= 2 * len(workers)
+
+
+ONE_NODE = """
+import json, sys
+from scrapy.crawler import CrawlerProcess
+from scrapy_banker.testing.fleet import FleetSpider
+from scrapy_banker.testing.resolver import farm_settings
+
+seeds, extra = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+process = CrawlerProcess({**farm_settings(), "LOG_LEVEL": "INFO",
+                          "ADDONS": {"scrapy_banker.Addon": 500}, **extra})
+crawler = process.create_crawler(FleetSpider)
+process.crawl(crawler, seeds=seeds)
+process.start()
+print("STATS " + json.dumps({k: v for k, v in crawler.stats.get_stats().items()
+                             if isinstance(v, (int, float, str))}))
+"""
+
+
+@pytest.mark.scrapy213
+def test_one_node_keeps_host_topic_and_crawl_budgets_across_a_stop_and_resume(
+    tmp_path: Path,
+) -> None:
+    from conftest import run_python
+
+    script = tmp_path / "crawl.py"
+    script.write_text(ONE_NODE)
+    with WebFarm(FARM) as farm:
+        expected = _expected_by_host(farm)
+        # The second and third largest hosts: the largest links to the others.
+        big = sorted(expected, key=lambda h: -len(expected[h]))
+        budgets = {big[1]: 4, big[2]: 9}
+        extra: dict[str, Any] = {
+            "JOBDIR": str(tmp_path / "job"),
+            "BANKER_HOST_BUDGETS": budgets,
+            "BANKER_CRAWL_BUDGET": 80,
+        }
+        seeds = json.dumps(farm.start_urls())
+        # A clean stop after 30 pages (Scrapy's own CLOSESPIDER_PAGECOUNT), then the resume.
+        first = run_python(
+            script, seeds, json.dumps({**extra, "CLOSESPIDER_PAGECOUNT": 30}), timeout=120
+        )
+        second = run_python(script, seeds, json.dumps(extra), timeout=120)
+        served = _pages_by_host(farm)
+    stats = [
+        json.loads(next(x for x in p.stdout.splitlines() if x.startswith("STATS "))[6:])
+        for p in (first, second)
+    ]
+    assert stats[0]["finish_reason"] == "closespider_pagecount"
+    for host, budget in budgets.items():
+        assert len(served[host]) == budget, (host, len(served[host]), budget)
+    # The crawl budget holds over both runs: no more pages than it, and all of it spent.
+    assert sum(len(pages) for pages in served.values()) == 80
+    assert stats[1].get("banker/budget/held", 0) >= 1
+    assert stats[1]["banker/budget/held_at_close"] >= 1
+
+
+def test_limit_delay_purge_inject_topic_pause_and_a_raised_budget_in_a_running_fleet(
+    tmp_path: Path,
+) -> None:
+    slow = FarmConfig(seed=13, hosts=5, total_pages=300, latency_ms=250.0)
+    with WebFarm(slow) as farm, RedisServer() as server:
+        expected = _expected_by_host(farm)
+        order = sorted(expected, key=lambda h: -len(expected[h]))
+        purged, limited, delayed, budgeted, topical = order
+        extra = {
+            "BANKER_HOST_BUDGETS": {budgeted: 3},
+            "BANKER_TOPICS": {"slowtopic": 1, "default": 0},
+            "BANKER_TOPIC_RULES": [{"url": f"//{topical}[:/]", "topic": "slowtopic"}],
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        }
+        seeds = farm.start_urls()
+        workers = [_worker(f"w{i}", tmp_path, server, seeds, **extra) for i in range(2)]
+        _wait(lambda: farm.stats()["per_host"].get(purged, 0) >= 3, workers)
+        gone = banker(server, "purge", purged, "--json")
+        assert gone.returncode == 0, gone.stderr
+        n_purged = json.loads(gone.stdout)["purged"]
+        assert banker(server, "limit", limited, "1").returncode == 0
+        assert banker(server, "delay", delayed, "0.4").returncode == 0
+        assert banker(server, "pause", "topic:slowtopic").returncode == 0
+        bad_topic = banker(server, "pause", "topic:nosuch")
+        assert bad_topic.returncode == 2 and "no topic 'nosuch'" in bad_topic.stderr
+        acted_at = time.time()
+        new = [f"{u}?injected={i}" for i, u in enumerate(sorted(expected[limited])[:3])]
+        injected = banker(server, "inject", *new, "--json")
+        assert injected.returncode == 0, injected.stderr
+        assert json.loads(injected.stdout)["injected"] == 3
+        time.sleep(2 * HEARTBEAT_S + 3.0)
+        events = farm.stats(urls=True)["host_events"]
+        settle = acted_at + 2 * HEARTBEAT_S
+        # The limit: from then on never more than one request in flight on the host.
+        inflight, worst = 0, 0
+        for at, step in events[limited]:
+            inflight += step
+            if at > settle:
+                worst = max(worst, inflight)
+        assert worst <= 1, worst
+        assert [at for at, step in events[limited] if step == 1 and at > settle]  # it went on
+        # The delay: arrivals at least 0.4 s apart (a little less for the clocks).
+        arrivals = [at for at, step in events.get(delayed, []) if step == 1 and at > settle]
+        gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+        assert gaps and min(gaps) >= 0.35, gaps
+        # The paused topic's host: nothing after the heartbeat, then resumed.
+        late = [at for at, step in events.get(topical, []) if step == 1 and at > settle]
+        assert not late
+        assert banker(server, "resume", "topic:slowtopic").returncode == 0
+        assert banker(server, "budget", budgeted, "6").returncode == 0
+        assert banker(server, "limit", limited, "none").returncode == 0
+        assert banker(server, "delay", delayed, "0").returncode == 0
+        stats = _finish(workers)
+        served = _pages_by_host(farm)
+        fetched = farm.stats(urls=True)["fetches"]
+    assert all(s["finish_reason"] == "finished" for s in stats)
+    assert all(fetched.get(u) for u in new)  # every injected URL was fetched
+    assert len(served[budgeted]) == 6  # the raised budget released the held ones
+    assert served[topical] == expected[topical]  # the paused topic's pages waited
+    assert n_purged > 0
+    assert len(served[purged]) < len(expected[purged])
+    assert _total(stats, "banker/budget/released") + _total(stats, "banker/budget/held") >= 1

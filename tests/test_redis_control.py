@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from scrapy_banker.core.control import Action, ControlError, ControlState
-from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+from scrapy_banker.core.ops import LeaseToken
 from scrapy_banker.redis.control import ControlChannel, check_cluster
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.scripts import ScriptCall

@@ -58,6 +58,7 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
         "banker:shop:known-hosts",
         "banker:shop:budget",
     )
+    assert keys.known_topics == "banker:shop:known-topics"
 
 
 def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
@@ -76,7 +77,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
 def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
     keys = Keyspace(PREFIX, 4)
     cleared = list(keys.cleared())
-    assert len(cleared) == len(set(cleared)) == 4 * 10 + 14
+    assert len(cleared) == len(set(cleared)) == 4 * 10 + 15
     for p in range(4):
         assert set(keys.partition(p).names()) <= set(cleared)
     assert {
@@ -92,6 +93,7 @@ def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
         keys.plan_gate,
         keys.control,
         keys.known_hosts,
+        keys.known_topics,
         keys.budget,
     } <= set(cleared)
     # Links do not change between crawls: a re-crawl places its sites at once.

@@ -108,9 +108,8 @@ class Controller:
         self, verb: str, args: Sequence[str], *, topic: str | None = None, force: bool = False
     ) -> Action:
         """The checked action; :class:`ControlError` names what is wrong (nothing changed)."""
-        action = parse_action(
-            verb, args, topics=self.config.topic_names(), topic=topic, check_url=check_url
-        )
+        topics = self.config.topic_names() | self.channel.known_topics()
+        action = parse_action(verb, args, topics=topics, topic=topic, check_url=check_url)
         target = action.target
         is_host = target and target != "crawl" and not target.startswith("topic:")
         if is_host and not force and not self.channel.known(target):

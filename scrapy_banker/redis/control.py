@@ -129,6 +129,15 @@ class ControlChannel:
         if hosts:
             self.client.sadd(self.keyspace.known_hosts, *hosts)
 
+    def note_topics(self, topics: Iterable[str]) -> None:
+        """Remember topics the crawl queued requests under."""
+        topics = list(topics)
+        if topics:
+            self.client.sadd(self.keyspace.known_topics, *topics)
+
+    def known_topics(self) -> set[str]:
+        return {decode(t, lossy=True) for t in self.client.smembers(self.keyspace.known_topics)}
+
     def known(self, host: str) -> bool:
         return bool(self.client.sismember(self.keyspace.known_hosts, host))
 

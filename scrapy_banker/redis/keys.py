@@ -133,6 +133,8 @@ class Keyspace:
         #: Set of the host names the crawl has queued requests of (what
         #: ``pause HOST`` and friends accept without ``--force``).
         self.known_hosts = f"{prefix}:known-hosts"
+        #: Set of the topics the crawl has queued requests under.
+        self.known_topics = f"{prefix}:known-topics"
         #: Hash of the pages charged crawl-wide: ``t:<topic>``, ``c`` (the
         #: crawl); a single server only (a host's count is in its partition).
         self.budget = f"{prefix}:budget"
@@ -248,6 +250,7 @@ class Keyspace:
         yield self.bloom_shards
         yield self.control
         yield self.known_hosts
+        yield self.known_topics
         yield self.budget
 
 

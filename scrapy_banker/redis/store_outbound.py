@@ -64,6 +64,7 @@ class Outbound:
         self._unserializable_logged = False
         #: Hosts already handed to the worker to note as known (for the operator's commands).
         self._noted: set[str] = set()
+        self._topics: set[str] = set()
 
     def is_duplicate(self, request: Request) -> bool:
         """Known to be in the crawl's seen sets already: dropped without a round trip.
@@ -95,6 +96,9 @@ class Outbound:
         if c.slot not in self._noted:
             self._noted.add(c.slot)
             self.worker.note_host(c.slot)
+        if c.topic not in self._topics:
+            self._topics.add(c.topic)
+            self.worker.note_topic(c.topic)
         stats = self.parts.stats
         try:
             payload = self.parts.codec.encode_compact(request, spider)

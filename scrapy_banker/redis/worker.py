@@ -278,6 +278,10 @@ class FrontierWorker:
         """A host the crawl queued requests of (what the operator's commands accept)."""
         self.state.control.note_host(host)
 
+    def note_topic(self, topic: str) -> None:
+        """A topic the crawl queued requests under (what the operator's commands accept)."""
+        self.state.control.note_topic(topic)
+
     def charge(self, charge: Charge) -> None:
         """Charge a leased request to its budgets before it is let go (answer in
         :attr:`ControlBox.results <scrapy_banker.redis.worker_control.ControlBox.results>`)."""

@@ -65,6 +65,7 @@ class ControlBox:
         self._lock = threading.Lock()
         self._charges: list[Charge] = []
         self._hosts: set[str] = set()
+        self._topics: set[str] = set()
         #: (token, CHARGED | HELD | GONE), appended by the worker thread.
         self.results: deque[tuple[LeaseToken, int]] = deque()
         #: The latest directives read (replaced whole: a read is atomic).
@@ -82,6 +83,10 @@ class ControlBox:
         with self._lock:
             self._hosts.add(host)
 
+    def note_topic(self, topic: str) -> None:
+        with self._lock:
+            self._topics.add(topic)
+
     # -- the worker thread --------------------------------------------------------------
 
     def take_charges(self) -> list[Charge]:
@@ -97,6 +102,11 @@ class ControlBox:
         with self._lock:
             hosts, self._hosts = self._hosts, set()
         return hosts
+
+    def take_topics(self) -> set[str]:
+        with self._lock:
+            topics, self._topics = self._topics, set()
+        return topics
 
 
 class ControlJob:
@@ -167,6 +177,7 @@ class ControlJob:
         """Re-read the document; on a budget change, put held requests back."""
         box, channel = self.box, self.channel
         channel.note_hosts(box.take_hosts())
+        channel.note_topics(box.take_topics())
         try:
             state = channel.load()
         except ControlError as exc:

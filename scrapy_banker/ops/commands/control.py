@@ -16,10 +16,11 @@ settings only (see ``docs/control.rst``).
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.core.control import VERBS, ControlError
 from scrapy_banker.ops.commands import CommandError
@@ -103,12 +104,30 @@ def _controller(opts: argparse.Namespace, settings: BaseSettings) -> Controller:
                 f"no crawl under prefix {keyspace.prefix!r} at {safe_url(settings)} "
                 "(wrong spider or --prefix, or the crawl has not started)"
             )
+        partitions = _table_size(client, keyspace.table) or keyspace.partitions
     frontier = RedisFrontier(
-        client, prefix=keyspace.prefix, partitions=keyspace.partitions,
+        client, prefix=keyspace.prefix, partitions=partitions,
         dedup=rconfig.dedup, dedup_capacity=rconfig.dedup_capacity,
         dedup_error=rconfig.dedup_error,
     )  # fmt: skip
     return Controller.from_settings(frontier, config, settings)
+
+
+def _table_size(client: Any, key: str) -> int | None:
+    """The partition count of the fleet's stored table: where the workers put requests.
+
+    The command's own BANKER_REDIS_PARTITIONS may differ from the workers'
+    (run outside the project); a URL must go to the partition they pop.
+    """
+    from scrapy_banker.net.partitions import PartitionTable
+
+    raw = client.get(key)
+    if raw is None:
+        return None
+    try:
+        return int(PartitionTable.from_state(json.loads(raw)).size)
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int:

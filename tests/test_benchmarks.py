@@ -453,3 +453,52 @@ def test_every_benchmark_explains_its_options() -> None:
     for script in scripts:
         proc = run_python(BENCH / script, "--help", timeout=60)
         assert proc.stdout.startswith("usage: "), script
+
+
+@pytest.mark.slow
+def test_control_tiny_holds_budgets_and_obeys_the_operator() -> None:
+    result = _run("control.py", "--tiny", timeout=280)
+    for key in ("budget_overrun", "budget_underrun", "paused_fetches", "purged", "purged_fetched",
+                "pages_missing", "limit_excess", "crawl_budget", "crawl_served"):  # fmt: skip
+        assert isinstance(result[key], int) and result[key] >= 0, (key, result[key])
+    assert result["heartbeat_s"] == 1.0
+    latency = result["control_latency_s"]
+    assert isinstance(latency, (int, float)) and latency >= 0
+    assert latency == max(result["control_latency_pause_s"], result["control_latency_limit_s"])
+    assert 0.0 <= result["injected_fetched"] <= 1.0
+    run = result["runs"]
+    # Every step of the schedule ran, and the operator's commands all succeeded.
+    kinds = [e["kind"] for e in run["phase1"]["events"]]
+    assert kinds == ["pause", "limit", "delay", "kill", "purge", "inject", "join", "resume",
+                     "limit none"]  # fmt: skip
+    assert all(c["code"] == 0 for c in run["phase1"]["operator_calls"])
+    assert run["phase1"]["busy_at_command"]["paused_inflight"] >= 1
+    assert [e["kind"] for e in run["phase2"]["events"]] == ["kill", "join"]
+    # The targets: exact budgets, the pause and the limit within 2 heartbeats, nothing lost.
+    targets = {k: v for k, v in result.items() if k.startswith("target_")}
+    assert len(targets) == 7 and result["targets_met"] is True, targets
+    assert result["budget_overrun"] == 0 and result["budget_underrun"] == 0
+    assert result["paused_fetches"] == 0
+    assert latency <= 2 * result["heartbeat_s"]
+    assert result["injected_fetched"] == 1.0
+    assert result["crawl_served"] == result["crawl_budget"] > 0
+
+
+def test_control_limit_latency_replays_the_hosts_requests_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    control = _module("control", monkeypatch)
+    # Two in flight at 10.0 (the command returned then); one leaves at 10.4, the other at
+    # 10.9; a third arrives at 11.0 and finds one in flight (within the limit of 1).
+    events = [[9.0, 1], [9.5, 1], [10.4, -1], [10.9, -1], [11.0, 1], [11.5, -1]]
+    latency, excess = control.limit_latency(events, 10.0, 20.0, 1, 2.0)
+    assert latency == pytest.approx(0.4) and excess == 0
+    # A request at 12.5 puts it over the limit again, later than the 2 s grace: counted,
+    # and the limit holds only from when that stretch ends.
+    later = [*events, [12.0, 1], [12.5, 1], [13.0, -1], [13.5, -1]]
+    latency, excess = control.limit_latency(later, 10.0, 20.0, 1, 2.0)
+    assert latency == pytest.approx(3.0) and excess == 1
+    # Over the limit when the window ends: never in force within it.
+    assert control.limit_latency(later, 10.0, 12.7, 1, 2.0)[0] == pytest.approx(2.7)
+    # Already within the limit at the command: 0.
+    assert control.limit_latency([[9.0, 1], [9.5, -1]], 10.0, 20.0, 1, 2.0) == (0.0, 0)

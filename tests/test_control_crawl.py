@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -22,6 +22,9 @@ import pytest
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -48,10 +51,25 @@ def _settings(server: RedisServer, node: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+_STARTED: list[FleetWorker] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_left() -> Iterator[None]:
+    """A test that fails mid-crawl leaves no worker process behind."""
+    yield
+    while _STARTED:
+        w = _STARTED.pop()
+        if w.proc.poll() is None:
+            w.kill()
+
+
 def _worker(
     name: str, tmp: Path, server: RedisServer, seeds: list[str], **extra: Any
 ) -> FleetWorker:
-    return FleetWorker(name, tmp, {"settings": _settings(server, name, **extra), "seeds": seeds})
+    worker = FleetWorker(name, tmp, {"settings": _settings(server, name, **extra), "seeds": seeds})
+    _STARTED.append(worker)
+    return worker
 
 
 def _finish(workers: list[FleetWorker], timeout: float = 150.0) -> list[dict[str, Any]]:

@@ -434,6 +434,8 @@ class RedisLeaseStore:
                 apply(state)
             else:
                 control.apply(state)
+            if state.paused_hosts or state.paused_topics:
+                self.inbound.park_paused(self.queue.entries(), state)
         crawl = self.budgets.crawl_budget(state)
         charged = self.worker.crawl_charged
         spent = crawl is not None and charged is not None and charged >= crawl

@@ -27,9 +27,11 @@ from scrapy_banker.scheduler.classifier import UnparsableURL
 from scrapy_banker.scheduler.serialize import MalformedPayload
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from scrapy import Request, Spider
 
-    from scrapy_banker.core.control import BudgetRules
+    from scrapy_banker.core.control import BudgetRules, ControlState
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.redis.store_politeness import HostSync
     from scrapy_banker.redis.worker import FrontierWorker
@@ -127,6 +129,25 @@ class Inbound:
             if charge is not None and self._charge(token, request, c, charge):
                 continue
             parts.queue.push(request, c, now)
+            if control.hosts or control.topics:
+                self._park_if_paused(token, c, control)
+
+    def park_paused(self, entries: Iterable[Entry[Request]], state: ControlState) -> None:
+        """Buffered leases of paused hosts or topics no longer count against their
+        partition's lease cap: the partition's other hosts keep being leased.
+
+        The leases stay held and renewed; the requests wait here until resumed.
+        """
+        hosts, topics = state.paused_hosts, state.paused_topics
+        for entry in entries:
+            if entry.slot in hosts or entry.topic in topics:
+                token = lease_of(entry.item, self.partitions)
+                if token is not None:
+                    self.worker.downloaded(token)
+
+    def _park_if_paused(self, token: LeaseToken, c: Classified, state: ControlState) -> None:
+        if c.slot in state.paused_hosts or c.topic in state.paused_topics:
+            self.worker.downloaded(token)
 
     def _charge(
         self, token: LeaseToken, request: Request, c: Classified, rules: BudgetRules
@@ -156,6 +177,7 @@ class Inbound:
                 continue
             if outcome == CHARGED:
                 queue.push(waiting[0], waiting[1], now)
+                self._park_if_paused(token, waiting[1], self.worker.control_state)
             elif outcome == HELD:
                 stats.inc_value("banker/budget/held")
             else:

@@ -297,3 +297,57 @@ def test_limit_delay_purge_inject_topic_pause_and_a_raised_budget_in_a_running_f
     assert n_purged > 0
     assert len(served[purged]) < len(expected[purged])
     assert _total(stats, "banker/budget/released") + _total(stats, "banker/budget/held") >= 1
+
+
+def test_a_single_process_is_paused_and_resumed_through_its_jobdir(tmp_path: Path) -> None:
+    slow = FarmConfig(seed=14, hosts=3, total_pages=150, latency_ms=200.0)
+    script = tmp_path / "crawl.py"
+    script.write_text(ONE_NODE)
+    jobdir = str(tmp_path / "job")
+    extra = {"JOBDIR": jobdir, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
+    with WebFarm(slow) as farm:
+        expected = _expected_by_host(farm)
+        host = max(expected, key=lambda h: len(expected[h]))
+        crawl = subprocess.Popen(
+            [sys.executable, str(script), json.dumps(farm.start_urls()), json.dumps(extra)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while farm.stats()["per_host"].get(host, 0) < 8:
+                assert time.monotonic() < deadline and crawl.poll() is None
+                time.sleep(0.05)
+
+            def act(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [sys.executable, "-m", "scrapy.cmdline", "banker", *args, "--jobdir", jobdir],
+                    capture_output=True, text=True, timeout=60, check=False,
+                )  # fmt: skip
+
+            purge = act("purge", host)
+            assert purge.returncode == 2 and "needs a crawl that runs on Redis" in purge.stderr
+            unknown = act("pause", "nowhere.example")
+            assert unknown.returncode == 2 and "no pending request of" in unknown.stderr
+            done = act("pause", host)
+            assert done.returncode == 0, done.stderr
+            paused_at = time.time()
+            time.sleep(3.0)
+            events = farm.stats(urls=True)["host_events"][host]
+            late = [t for t, step in events if step == 1 and t > paused_at + 1.5]
+            assert not late, f"{len(late)} requests after the pause was read"
+            assert len(_pages_by_host(farm)[host]) < len(expected[host])
+            shown = act("control", "--json")
+            doc = json.loads(shown.stdout)
+            assert doc["state"]["hosts"][host] == {"paused": True}
+            assert doc["log"][0]["verb"] == "pause"
+            assert act("resume", host).returncode == 0
+            out, _ = crawl.communicate(timeout=120)
+        finally:
+            if crawl.poll() is None:
+                crawl.kill()
+        served = _pages_by_host(farm)
+    assert crawl.returncode == 0
+    assert served == expected
+    stats = json.loads(next(x for x in out.splitlines() if x.startswith("STATS "))[6:])
+    assert stats["banker/control/updates"] == 2
+    assert stats["finish_reason"] == "finished"

@@ -27,8 +27,10 @@ from scrapy.utils.misc import load_object
 from scrapy_banker.core.control import Action, ControlError, ControlState, parse_action
 from scrapy_banker.core.meta import META_TOPIC
 from scrapy_banker.core.ops import EnqueueOp
+from scrapy_banker.ops.jobdir_view import jobdir_hosts_and_topics
 from scrapy_banker.redis.control import ControlChannel
 from scrapy_banker.scheduler.classifier import Classifier
+from scrapy_banker.scheduler.control_file import ControlFile
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.serialize import MalformedPayload, RequestCodec
 
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Controller", "Outcome", "check_url"]
+__all__ = ["Controller", "JobdirController", "Outcome", "check_url"]
 
 
 def check_url(url: str) -> None:
@@ -77,6 +79,41 @@ class Outcome:
         if self.action.verb == "inject":
             out["injected"], out["duplicates"] = self.injected, self.duplicates
         return out
+
+
+class JobdirController:
+    """Checks and carries out operator actions on a single process's JOBDIR
+    (:mod:`scrapy_banker.scheduler.control_file`)."""
+
+    def __init__(self, jobdir: str, config: BankerConfig) -> None:
+        self.jobdir = jobdir
+        self.config = config
+        self.file = ControlFile(jobdir)
+
+    def parse(
+        self, verb: str, args: Sequence[str], *, topic: str | None = None, force: bool = False
+    ) -> Action:
+        """The checked action; :class:`ControlError` names what is wrong (nothing changed)."""
+        if verb in ("purge", "inject"):
+            raise ControlError(
+                f"{verb}: a single process's queue is its own memory; {verb} needs a crawl "
+                "that runs on Redis (the BankerRedisScheduler)"
+            )
+        try:
+            hosts, topics = jobdir_hosts_and_topics(self.jobdir)
+        except ValueError as exc:
+            raise ControlError(str(exc)) from None
+        action = parse_action(verb, args, topics=self.config.topic_names() | topics)
+        target = action.target
+        is_host = target != "crawl" and not target.startswith("topic:")
+        if is_host and not force and target not in hosts:
+            raise ControlError(
+                f"HOST: the JOBDIR holds no pending request of {target!r}; --force sets it anyway"
+            )
+        return action
+
+    def execute(self, action: Action, *, who: str, now: float) -> Outcome:
+        return Outcome(action, self.file.act(action, who=who, now=now))
 
 
 class Controller:

@@ -112,6 +112,12 @@ def _journaled(jobdir: str) -> _Journaled:
     return _Journaled(state, entries, final)
 
 
+def jobdir_hosts_and_topics(jobdir: str) -> tuple[set[str], set[str]]:
+    """The hosts (download slots) and topics of the requests a JOBDIR holds pending."""
+    entries = _journaled(jobdir).entries
+    return {e.slot for e in entries}, {e.topic for e in entries}
+
+
 @dataclass(frozen=True)
 class JobdirView:
     """What one node's JOBDIR holds since its last clean stop."""

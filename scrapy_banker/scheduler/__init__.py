@@ -32,10 +32,13 @@ from scrapy_banker.core.meta import META_CHARGED, META_GRANT, META_SLOT, existin
 from scrapy_banker.core.pacing import Pacer, PacerConfig
 from scrapy_banker.scheduler.classifier import Classifier, UnparsableURL
 from scrapy_banker.scheduler.control import ControlGate
+from scrapy_banker.scheduler.control_file import POLL_S as CONTROL_POLL_S
+from scrapy_banker.scheduler.control_file import ControlFile
 from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.engine import scraper_backlog, wake_engine
 from scrapy_banker.scheduler.gate import AdmissionGate
+from scrapy_banker.scheduler.jobdir import JobDir
 from scrapy_banker.scheduler.politeness import HeldBack, PolitenessGate
 from scrapy_banker.scheduler.queue import LocalQueue
 from scrapy_banker.scheduler.sampler import take_sample
@@ -105,6 +108,14 @@ class BankerScheduler(BaseScheduler):
         self.control = parts.control
         if self.control is not None:
             self.control.on_ready = self._hosts_ready
+        #: A single process's control channel: ``JOBDIR/banker/control.json``.
+        jobdir = getattr(store, "jobdir", None)
+        self.control_file = (
+            ControlFile(jobdir.root)
+            if isinstance(jobdir, JobDir) and self.control is not None
+            else None
+        )
+        self._control_poll_at = 0.0
         store_dead_letter = getattr(store, "dead_letter", None)
         if store_dead_letter is not None:
             polite.drain = True
@@ -234,6 +245,8 @@ class BankerScheduler(BaseScheduler):
         now = self.clock()
         store = self.store
         store.refill(now)
+        if self.control_file is not None and now >= self._control_poll_at:
+            self._poll_control(now)
         if now >= self._politeness_flush_at:
             self._flush_politeness(now)
         entry = self._pop(now)
@@ -331,6 +344,19 @@ class BankerScheduler(BaseScheduler):
             for queued, deferred in self.downloader.take_queued(slot):
                 deferred.errback(HeldBack(f"{slot} paused while {queued} waited in its slot"))
         wake_engine(self.crawler)
+
+    def _poll_control(self, now: float) -> None:
+        """Follow ``JOBDIR/banker/control.json`` (once a second; see
+        :mod:`~scrapy_banker.scheduler.control_file`)."""
+        control_file = self.control_file
+        assert control_file is not None
+        self._control_poll_at = now + CONTROL_POLL_S
+        state = control_file.poll()
+        if control_file.malformed:
+            self.stats.set_value("banker/control/malformed", control_file.malformed)
+        if state is not None:
+            self.stats.inc_value("banker/control/updates")
+            self.apply_control(state)
 
     def _hosts_ready(self, slots: list[str]) -> None:
         """The wait of these slots' hosts is over: their parked lanes compete again."""

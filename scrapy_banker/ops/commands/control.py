@@ -8,9 +8,10 @@ malformed URL, a negative budget, a topic the crawl does not have -- is one
 line on stderr, exit code 2, nothing changed.  ``control`` shows the
 directives in force, the budget counts and the log of actions.
 
-A single process has the same control when it runs on Redis (the
-``RedisScheduler`` with one worker); a JOBDIR crawl has budgets from its
-settings only (see ``docs/control.rst``).
+A single process with ``JOBDIR`` (``--jobdir DIR``, or the ``JOBDIR``
+setting when no fleet is configured) gets the same directives through a
+file in it (:mod:`scrapy_banker.scheduler.control_file`); ``purge`` and
+``inject`` need a crawl on Redis.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from scrapy_banker.ops.commands._common import (
     connect,
     console,
     emit_json,
-    fleet_configured,
+    jobdir_or_fleet,
     redis_errors,
     redis_settings,
     safe_url,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.ops.control import Controller
+    from scrapy_banker.ops.control import Controller, JobdirController
 
 #: Subcommand -> one line of help.
 HELPS = {
@@ -57,6 +58,10 @@ HELPS = {
 
 def add_arguments_for(verb: str, parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, positional=False)
+    parser.add_argument(
+        "--jobdir", metavar="DIR", help="a single process's JOBDIR (default: a fleet if "
+        "REDIS_URL is set, else the JOBDIR setting)",
+    )  # fmt: skip
     if verb == "control":
         parser.add_argument("--log", type=int, default=20, metavar="N", help="last N actions")
     elif verb == "inject":
@@ -81,21 +86,20 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()} (scrapy banker)"
 
 
-def _controller(opts: argparse.Namespace, settings: BaseSettings) -> Controller:
-    from scrapy_banker.ops.control import Controller
+def _controller(opts: argparse.Namespace, settings: BaseSettings) -> Controller | JobdirController:
+    from scrapy_banker.ops.control import Controller, JobdirController
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.settings import load_config
 
-    if not fleet_configured(settings, opts):
-        raise CommandError(
-            "run-time control acts on a crawl that runs on Redis: give REDIS_URL "
-            "(-s REDIS_URL=redis://...) or --prefix; a JOBDIR crawl takes budgets from "
-            "its settings only"
-        )
     try:
         config = load_config(settings)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    jobdir = jobdir_or_fleet(settings, opts, "no crawl to control")
+    if jobdir is not None:
+        if not os.path.isdir(os.path.join(jobdir, "banker")):
+            raise CommandError(f"{jobdir} holds no scrapy-banker crawl (no banker/ folder)")
+        return JobdirController(jobdir, config)
     rconfig = redis_settings(settings, opts)
     client, keyspace = connect(settings, opts)
     with redis_errors(settings):
@@ -131,6 +135,8 @@ def _table_size(client: Any, key: str) -> int | None:
 
 
 def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int:
+    from scrapy_banker.ops.control import Controller
+
     if verb == "control":
         return _show(opts, settings)
     controller = _controller(opts, settings)
@@ -144,13 +150,18 @@ def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int
                 )
                 action = controller.parse(verb, args, force=opts.force)
             outcome = controller.execute(action, who=_who(), now=time.time())
-        except ControlError as exc:
+        except (ControlError, OSError) as exc:
             raise CommandError(str(exc)) from None
     if opts.json:
         emit_json(outcome.to_json())
         return 0
-    line = f"{outcome.action.describe()}: in force fleet-wide within a heartbeat "
-    line += f"(control version {outcome.state.version})"
+    where = (
+        "fleet-wide within a heartbeat" if isinstance(controller, Controller)
+        else "in the crawl on this JOBDIR within a second"
+    )  # fmt: skip
+    line = (
+        f"{outcome.action.describe()}: in force {where} (control version {outcome.state.version})"
+    )
     if verb == "purge":
         line += f"; {outcome.purged} queued requests dead-lettered (reason 'purged')"
     if verb == "inject":
@@ -160,9 +171,13 @@ def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int
 
 
 def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
+    from scrapy_banker.ops.control import Controller
+
     if opts.log < 0:
         raise CommandError(f"--log takes a number >= 0, got {opts.log}")
     controller = _controller(opts, settings)
+    if not isinstance(controller, Controller):
+        return _show_jobdir(opts, controller)
     channel = controller.channel
     with redis_errors(settings):
         try:
@@ -194,6 +209,30 @@ def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
             + ("" if budget is None else f" of {budget}")
             + (f", {counts.held[host]} held over budget" if counts.held.get(host) else "")
         )
+    for entry in log:
+        out.print(f"  log: {entry}")
+    return 0
+
+
+def _show_jobdir(opts: argparse.Namespace, controller: JobdirController) -> int:
+    try:
+        state = controller.file.load()
+    except ControlError as exc:
+        raise CommandError(str(exc)) from None
+    log = controller.file.log(opts.log)
+    if opts.json:
+        emit_json({
+            "kind": "control", "jobdir": controller.jobdir, "state": state.to_json(), "log": log,
+        })  # fmt: skip
+        return 0
+    out = console()
+    out.print(f"Control of JOBDIR {controller.jobdir}, version {state.version}")
+    for host, hc in sorted(state.hosts.items()):
+        out.print(f"  host {host}: " + ", ".join(f"{k}={v}" for k, v in vars(hc).items()))
+    for topic, tc in sorted(state.topics.items()):
+        out.print(f"  topic {topic}: " + ", ".join(f"{k}={v}" for k, v in vars(tc).items()))
+    if state.crawl_budget is not None:
+        out.print(f"  crawl budget {state.crawl_budget}")
     for entry in log:
         out.print(f"  log: {entry}")
     return 0

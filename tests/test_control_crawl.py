@@ -133,6 +133,15 @@ def test_host_budgets_hold_exactly_through_a_kill_and_a_join(tmp_path: Path) -> 
         joiner = _worker("w2", tmp_path, server, seeds, **extra)
         stats = _finish([workers[1], joiner])
         served = _pages_by_host(farm)
+        # What is over budget is kept and visible: status counts it, explain says so.
+        partitions = ("-s", "BANKER_REDIS_PARTITIONS=32")
+        status = banker(server, "status", "--json", *partitions)
+        assert status.returncode == 0, status.stderr
+        held = json.loads(status.stdout)["totals"]["over_budget"]
+        left = sorted(expected[big[0]] - served[big[0]])
+        explained = banker(server, "explain", left[0], "--json", *partitions)
+        assert explained.returncode == 0, explained.stderr
+        why = json.loads(explained.stdout)
     for host, pages in expected.items():
         budget = budgets.get(host)
         if budget is None:
@@ -141,6 +150,8 @@ def test_host_budgets_hold_exactly_through_a_kill_and_a_join(tmp_path: Path) -> 
             # Exactly the budget: no page beyond it, none short of it while work remained.
             assert len(served[host]) == budget, (host, len(served[host]), budget)
     assert _total(stats, "banker/budget/held") >= 1
+    assert held >= 1
+    assert why["state"] == "over budget" and "over budget" in why["waiting"], why
 
 
 def test_pause_and_resume_from_the_command_line_in_a_running_fleet(tmp_path: Path) -> None:

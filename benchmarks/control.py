@@ -359,8 +359,14 @@ class Operator:
     #: When the last command started (wall clock).
     started: float = 0.0
 
-    def __call__(self, *args: str, json_out: bool = True) -> tuple[dict[str, Any], float]:
-        """Run the command; its JSON answer and the wall-clock time it returned."""
+    def __call__(
+        self, *args: str, json_out: bool = True, required: bool = True
+    ) -> tuple[dict[str, Any], float]:
+        """Run the command; its JSON answer and the wall-clock time it returned.
+
+        A failure ends the benchmark, unless not ``required``: then it is logged and
+        the answer is ``{"error": ...}``.
+        """
         opts = [arg for k, v in self.settings.items() if k.startswith(("BANKER_", "REDIS_"))
                 and k != "BANKER_REDIS_NODE_ID"
                 for arg in ("-s", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]  # fmt: skip
@@ -379,6 +385,10 @@ class Operator:
             "verb": verb, "args": shown, "t": round(started - self.t0, 2),
             "took_s": round(returned - started, 2), "code": proc.returncode,
         })  # fmt: skip
+        if proc.returncode != 0 and not required:
+            log(f"!! `scrapy banker {verb}` failed (exit code {proc.returncode}): "
+                f"{proc.stderr.strip().splitlines()[-1:]}")  # fmt: skip
+            return {"error": proc.stderr[-2000:]}, returned
         if proc.returncode != 0:
             raise SystemExit(f"control: `scrapy banker {verb}` failed "
                              f"(exit code {proc.returncode}): {proc.stderr[-2000:]}")  # fmt: skip
@@ -630,7 +640,9 @@ def phase1(p: Plan, farm: WebFarm, redis_url: str, settings: dict[str, Any],
         Step("resume", resume_due, resume),
     ]
     ph.run()
-    shown, _ = op("control")  # the last 20 actions (``--log N`` cannot be given: see report)
+    shown, _ = op(
+        "control", required=False
+    )  # the last 20 actions (``--log N`` cannot be given: see report)
     farm_stats = farm.stats(urls=True)
     fetches: dict[str, int] = farm_stats["fetches"]
     events: dict[str, list[list[float]]] = farm_stats["host_events"]
@@ -712,6 +724,7 @@ def phase1(p: Plan, farm: WebFarm, redis_url: str, settings: dict[str, Any],
         "purged_inflight": marks.get("purge_inflight"),
     }
     out["control_document"] = {
+        "error": shown.get("error"),
         "state": shown.get("state"),
         "counts_crawl": (shown.get("counts") or {}).get("crawl"),
         "held": (shown.get("counts") or {}).get("held"),

@@ -482,6 +482,8 @@ def test_control_tiny_holds_budgets_and_obeys_the_operator() -> None:
     assert latency <= 2 * result["heartbeat_s"]
     assert result["injected_fetched"] == 1.0
     assert result["crawl_served"] == result["crawl_budget"] > 0
+    # Every surviving worker closed because the crawl budget was spent.
+    assert set(result["crawl_budget_finish_reasons"]) == {"banker_crawl_budget"}
 
 
 def test_control_limit_latency_replays_the_hosts_requests_in_flight(

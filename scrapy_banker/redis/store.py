@@ -340,6 +340,8 @@ class RedisLeaseStore:
         if worker.inbound or self.acks.pending or self.inbound.charging:
             return True
         if self.crawl_spent:
+            # Closed with its reason before the engine's idle check says "finished".
+            self._close_for_budget()
             return False
         if not worker.connected or worker.pending_ops():
             return True  # keep the spider open: nothing is lost while Redis is away
@@ -446,8 +448,11 @@ class RedisLeaseStore:
             )  # fmt: skip
             self.stats.set_value("banker/budget/crawl_spent", 1)
         self.crawl_spent = spent
-        done = not self._local() and not self.acks.pending and not self.inbound.charging
-        if spent and done and not self._closing:
+        if spent and not self._local() and not self.acks.pending and not self.inbound.charging:
+            self._close_for_budget()
+
+    def _close_for_budget(self) -> None:
+        if not self._closing:
             self._closing = True
             close_spider(self.crawler, "banker_crawl_budget")
 

@@ -63,7 +63,10 @@ def add_arguments_for(verb: str, parser: argparse.ArgumentParser) -> None:
         "REDIS_URL is set, else the JOBDIR setting)",
     )  # fmt: skip
     if verb == "control":
-        parser.add_argument("--log", type=int, default=20, metavar="N", help="last N actions")
+        # Not --log: Scrapy's own parser would take it for --logfile / --loglevel.
+        parser.add_argument(
+            "--last", type=int, default=20, metavar="N", help="show the last N actions"
+        )
     elif verb == "inject":
         parser.add_argument("urls", nargs="+", metavar="URL")
         parser.add_argument("--topic", metavar="NAME", help="topic of the injected requests")
@@ -173,8 +176,8 @@ def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int
 def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
     from scrapy_banker.ops.control import Controller
 
-    if opts.log < 0:
-        raise CommandError(f"--log takes a number >= 0, got {opts.log}")
+    if opts.last < 0:
+        raise CommandError(f"--last takes a number >= 0, got {opts.last}")
     controller = _controller(opts, settings)
     if not isinstance(controller, Controller):
         return _show_jobdir(opts, controller)
@@ -185,7 +188,7 @@ def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
         except ControlError as exc:
             raise CommandError(str(exc)) from None
         counts = channel.counts()
-        log = channel.log(opts.log) if opts.log else []
+        log = channel.log(opts.last) if opts.last else []
     rules = controller.config.budgets()
     if opts.json:
         emit_json({
@@ -219,7 +222,7 @@ def _show_jobdir(opts: argparse.Namespace, controller: JobdirController) -> int:
         state = controller.file.load()
     except ControlError as exc:
         raise CommandError(str(exc)) from None
-    log = controller.file.log(opts.log)
+    log = controller.file.log(opts.last)
     if opts.json:
         emit_json({
             "kind": "control", "jobdir": controller.jobdir, "state": state.to_json(), "log": log,

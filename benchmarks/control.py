@@ -876,6 +876,11 @@ def report(runs: list[dict[str, Any]], p: Plan, workload: Workload, config: Farm
                 "duplicates"):  # fmt: skip
         out[key] = max(r[key] for r in runs)
     out["injected_fetched"] = min(r["injected_fetched"] for r in runs)
+    reasons: dict[str, int] = {}
+    for r in runs:
+        for reason, n in r["crawl_budget_finish_reasons"].items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    out["crawl_budget_finish_reasons"] = reasons
     for key in ("control_latency_s", "control_latency_pause_s", "control_latency_limit_s",
                 "delay_min_gap_s", "purged", "crawl_budget", "crawl_served", "wall_s_phase1",
                 "wall_s_phase2", "process_wall_s_phase1", "process_wall_s_phase2"):  # fmt: skip

@@ -555,9 +555,10 @@ def _crawl(tmp_path: Path, name: str, urls: list[str], *, follow: bool = False,
 
 
 def _farm(**fields: Any) -> WebFarm:
-    config = FarmConfig(seed=5, hosts=1, total_pages=5, min_pages_per_host=5,
-                        cross_host_link_prob=0.0, latency_ms=1.0, **fields)  # fmt: skip
-    return WebFarm(config)
+    defaults: dict[str, Any] = {"seed": 5, "hosts": 1, "total_pages": 5,
+                                "min_pages_per_host": 5, "cross_host_link_prob": 0.0,
+                                "latency_ms": 1.0}  # fmt: skip
+    return WebFarm(FarmConfig(**{**defaults, **fields}))
 
 
 def _kept_retry_after(crawl: Crawl) -> None:
@@ -682,8 +683,10 @@ def test_a_host_refusing_past_the_cap_is_dead_lettered_requeued_by_the_command_a
 @pytest.mark.scrapy213
 def test_a_block_promised_before_a_jobdir_stop_holds_after_the_resume(tmp_path: Path) -> None:
     job = str(tmp_path / "job")
-    # One request per 5 s: the second page is refused with Retry-After: 5.
-    with _farm(rate_limits={0: RateLimit(requests=1, window_s=5.0)}) as farm:
+    # One request per 5 s: the second page is refused with Retry-After: 5.  Three
+    # pages: the resumed crawl waits out the block, then the rate.
+    three = {"total_pages": 1, "min_pages_per_host": 1}
+    with _farm(rate_limits={0: RateLimit(requests=1, window_s=5.0)}, **three) as farm:
         start = farm.url(0, "/")
         expected = farm.expected_urls([start])
         first = _crawl(tmp_path, "first", [start], follow=True, JOBDIR=job,

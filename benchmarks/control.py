@@ -23,7 +23,7 @@ The farm and the fleet
     ``--latency-ms``) that stretches the crawl rather than many pages: this
     is a 2-core machine.  ``--quick``: 24 hosts of 25 content pages (~700
     URLs); the full run: 32 hosts of 50 (~1,730); ``--tiny`` (the smoke
-    test's): 16 hosts of 30 (~540).  Four worker processes
+    test's): 12 hosts of 25 at 600 ms.  Four worker processes
     (``scrapy_banker.testing.fleet``: the plain farm spider, every host root
     a seed) of ``BankerRedisScheduler`` with the add-on on one
     redis-server, ``CONCURRENT_REQUESTS=16`` (every host can have its 2 in
@@ -241,7 +241,7 @@ class Workload:
 
 FULL = Workload(hosts=32, total_pages=1600, latency_ms=800.0, pause_s=8.0, injected=40)
 QUICK = Workload(hosts=24, total_pages=600, latency_ms=800.0, pause_s=5.0, injected=20)
-TINY = Workload(hosts=16, total_pages=480, latency_ms=800.0, pause_s=4.0, injected=10,
+TINY = Workload(hosts=12, total_pages=300, latency_ms=600.0, pause_s=3.0, injected=10,
                 timeout_s=120.0)  # fmt: skip
 
 

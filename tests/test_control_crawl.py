@@ -154,43 +154,6 @@ def test_host_budgets_hold_exactly_through_a_kill_and_a_join(tmp_path: Path) -> 
     assert why["state"] == "over budget" and "over budget" in why["waiting"], why
 
 
-def test_pause_and_resume_from_the_command_line_in_a_running_fleet(tmp_path: Path) -> None:
-    slow = FarmConfig(seed=12, hosts=4, total_pages=240, latency_ms=120.0)
-    with WebFarm(slow) as farm, RedisServer() as server:
-        expected = _expected_by_host(farm)
-        host = max(expected, key=lambda h: len(expected[h]))
-        seeds = farm.start_urls()
-        workers = [_worker(f"w{i}", tmp_path, server, seeds) for i in range(2)]
-        _wait(lambda: farm.stats()["per_host"].get(host, 0) >= 10, workers)
-        # Bad input changes nothing: exit code 2, one line naming the argument.
-        bad = banker(server, "budget", host, "-3")
-        assert bad.returncode == 2 and "N must be an integer >= 0" in bad.stderr, bad.stderr
-        unknown = banker(server, "pause", "nowhere.example")
-        assert unknown.returncode == 2 and "queued no request of 'nowhere.example'" in (
-            unknown.stderr
-        )
-        done = banker(server, "pause", host)
-        assert done.returncode == 0, done.stderr
-        paused_at = time.time()
-        time.sleep(6 * HEARTBEAT_S + 2.0)
-        events = farm.stats(urls=True)["host_events"][host]
-        arrivals = [t for t, kind in events if kind == 1]
-        late = [t - paused_at for t in arrivals if t > paused_at + 2 * HEARTBEAT_S]
-        assert not late, f"{len(late)} requests reached the paused host after 2 heartbeats"
-        assert len(_pages_by_host(farm)[host]) < len(expected[host])  # work remained
-        shown = banker(server, "control", "--json")
-        assert shown.returncode == 0, shown.stderr
-        doc = json.loads(shown.stdout)
-        assert doc["state"]["hosts"][host] == {"paused": True}
-        assert doc["log"][0]["verb"] == "pause" and "scrapy banker" in doc["log"][0]["who"]
-        assert banker(server, "resume", host).returncode == 0
-        stats = _finish(workers)
-        served = _pages_by_host(farm)
-    assert served == expected  # nothing lost: the paused host's pages waited
-    assert all(s["finish_reason"] == "finished" for s in stats)
-    assert _total(stats, "banker/control/updates") >= 2 * len(workers)
-
-
 ONE_NODE = """
 import json, sys
 from scrapy.crawler import CrawlerProcess
@@ -246,14 +209,15 @@ def test_one_node_keeps_host_topic_and_crawl_budgets_across_a_stop_and_resume(
     assert stats[1]["banker/budget/held_at_close"] >= 1
 
 
-def test_limit_delay_purge_inject_topic_pause_and_a_raised_budget_in_a_running_fleet(
+def test_pause_limit_delay_purge_inject_and_a_raised_budget_from_the_command_line(
     tmp_path: Path,
 ) -> None:
-    slow = FarmConfig(seed=13, hosts=5, total_pages=300, latency_ms=250.0)
+    """Every action on one running fleet of two workers, each on a host of its own."""
+    slow = FarmConfig(seed=13, hosts=6, total_pages=360, latency_ms=250.0)
     with WebFarm(slow) as farm, RedisServer() as server:
         expected = _expected_by_host(farm)
         order = sorted(expected, key=lambda h: -len(expected[h]))
-        purged, limited, delayed, budgeted, topical = order
+        purged, paused, limited, delayed, budgeted, topical = order
         extra = {
             "BANKER_HOST_BUDGETS": {budgeted: 3},
             "BANKER_TOPICS": {"slowtopic": 1, "default": 0},
@@ -263,6 +227,15 @@ def test_limit_delay_purge_inject_topic_pause_and_a_raised_budget_in_a_running_f
         seeds = farm.start_urls()
         workers = [_worker(f"w{i}", tmp_path, server, seeds, **extra) for i in range(2)]
         _wait(lambda: farm.stats()["per_host"].get(purged, 0) >= 3, workers)
+        # Bad input changes nothing: exit code 2, one line naming the argument.
+        bad = banker(server, "budget", paused, "-3")
+        assert bad.returncode == 2 and "N must be an integer >= 0" in bad.stderr, bad.stderr
+        unknown = banker(server, "pause", "nowhere.example")
+        assert unknown.returncode == 2
+        assert "queued no request of 'nowhere.example'" in unknown.stderr
+        done = banker(server, "pause", paused)
+        assert done.returncode == 0, done.stderr
+        paused_at = time.time()
         gone = banker(server, "purge", purged, "--json")
         assert gone.returncode == 0, gone.stderr
         n_purged = json.loads(gone.stdout)["purged"]
@@ -294,6 +267,17 @@ def test_limit_delay_purge_inject_topic_pause_and_a_raised_budget_in_a_running_f
         # The paused topic's host: nothing after the heartbeat, then resumed.
         late = [at for at, step in events.get(topical, []) if step == 1 and at > settle]
         assert not late
+        # The paused host: nothing 2 heartbeats after the command returned, work left.
+        late = [t for t, step in events[paused] if step == 1 and t > paused_at + 2 * HEARTBEAT_S]
+        assert not late, f"{len(late)} requests reached the paused host after 2 heartbeats"
+        assert len(_pages_by_host(farm)[paused]) < len(expected[paused])
+        shown = banker(server, "control", "--json")
+        assert shown.returncode == 0, shown.stderr
+        doc = json.loads(shown.stdout)
+        assert doc["state"]["hosts"][paused] == {"paused": True}
+        assert {e["verb"] for e in doc["log"]} >= {"pause", "purge", "limit", "delay", "inject"}
+        assert all("scrapy banker" in e["who"] for e in doc["log"])
+        assert banker(server, "resume", paused).returncode == 0
         assert banker(server, "resume", "topic:slowtopic").returncode == 0
         assert banker(server, "budget", budgeted, "6").returncode == 0
         assert banker(server, "limit", limited, "none").returncode == 0
@@ -305,13 +289,15 @@ def test_limit_delay_purge_inject_topic_pause_and_a_raised_budget_in_a_running_f
     assert all(fetched.get(u) for u in new)  # every injected URL was fetched
     assert len(served[budgeted]) == 6  # the raised budget released the held ones
     assert served[topical] == expected[topical]  # the paused topic's pages waited
+    assert served[paused] == expected[paused]  # and so did the paused host's
+    assert _total(stats, "banker/control/updates") >= 2 * len(workers)
     assert n_purged > 0
     assert len(served[purged]) < len(expected[purged])
     assert _total(stats, "banker/budget/released") + _total(stats, "banker/budget/held") >= 1
 
 
 def test_a_single_process_is_paused_and_resumed_through_its_jobdir(tmp_path: Path) -> None:
-    slow = FarmConfig(seed=14, hosts=3, total_pages=150, latency_ms=200.0)
+    slow = FarmConfig(seed=14, hosts=3, total_pages=90, latency_ms=200.0)
     script = tmp_path / "crawl.py"
     script.write_text(ONE_NODE)
     jobdir = str(tmp_path / "job")

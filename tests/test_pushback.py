@@ -594,7 +594,7 @@ def test_retry_after_is_honoured_nothing_is_lost_and_no_retry_is_counted(
     settings = dict(variant)
     if settings.get("JOBDIR"):
         settings["JOBDIR"] = str(tmp_path / "job")
-    with _farm(rate_limits={0: RateLimit(requests=1, window_s=1.0)}) as farm:
+    with _farm(rate_limits={0: RateLimit(requests=2, window_s=1.0)}) as farm:
         start = farm.url(0, "/")
         expected = farm.expected_urls([start])
         crawl = _crawl(tmp_path, "c", [start], follow=True, **settings)

@@ -138,7 +138,7 @@ def test_a_fleet_keeps_retry_after_and_crawl_delay_through_a_kill_and_a_join(
 def test_the_lease_fence_gives_back_what_a_frozen_worker_had_in_its_download_slots(
     tmp_path: Path,
 ) -> None:
-    config = FarmConfig(seed=9, hosts=8, total_pages=200, latency_ms=20.0)
+    config = FarmConfig(seed=9, hosts=8, total_pages=120, latency_ms=20.0)
     # DOWNLOAD_DELAY keeps a request of each busy host waiting in its download
     # slot's queue, past the scheduler's dispatch check.
     extra = {"DOWNLOAD_DELAY": 0.3, "RANDOMIZE_DOWNLOAD_DELAY": False, "ROBOTSTXT_OBEY": False}

@@ -39,8 +39,10 @@ from scrapy_banker.ops.commands._common import (
 if TYPE_CHECKING:
     import argparse
 
+    from rich.console import Console
     from scrapy.settings import BaseSettings
 
+    from scrapy_banker.core.control import ControlState
     from scrapy_banker.ops.control import Controller, JobdirController
 
 #: Subcommand -> one line of help.
@@ -197,11 +199,7 @@ def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
         })  # fmt: skip
         return 0
     out = console()
-    out.print(f"Control of {channel.keyspace.prefix!r}, version {state.version}")
-    for host, hc in sorted(state.hosts.items()):
-        out.print(f"  host {host}: " + ", ".join(f"{k}={v}" for k, v in vars(hc).items()))
-    for topic, tc in sorted(state.topics.items()):
-        out.print(f"  topic {topic}: " + ", ".join(f"{k}={v}" for k, v in vars(tc).items()))
+    _print_directives(out, f"{channel.keyspace.prefix!r}", state)
     crawl = rules.crawl_budget(state)
     if crawl is not None:
         out.print(f"  crawl budget {crawl}: {counts.crawl} pages charged")
@@ -229,13 +227,17 @@ def _show_jobdir(opts: argparse.Namespace, controller: JobdirController) -> int:
         })  # fmt: skip
         return 0
     out = console()
-    out.print(f"Control of JOBDIR {controller.jobdir}, version {state.version}")
-    for host, hc in sorted(state.hosts.items()):
-        out.print(f"  host {host}: " + ", ".join(f"{k}={v}" for k, v in vars(hc).items()))
-    for topic, tc in sorted(state.topics.items()):
-        out.print(f"  topic {topic}: " + ", ".join(f"{k}={v}" for k, v in vars(tc).items()))
+    _print_directives(out, f"JOBDIR {controller.jobdir}", state)
     if state.crawl_budget is not None:
         out.print(f"  crawl budget {state.crawl_budget}")
     for entry in log:
         out.print(f"  log: {entry}")
     return 0
+
+
+def _print_directives(out: Console, what: str, state: ControlState) -> None:
+    out.print(f"Control of {what}, version {state.version}")
+    for host, hc in sorted(state.hosts.items()):
+        out.print(f"  host {host}: " + ", ".join(f"{k}={v}" for k, v in vars(hc).items()))
+    for topic, tc in sorted(state.topics.items()):
+        out.print(f"  topic {topic}: " + ", ".join(f"{k}={v}" for k, v in vars(tc).items()))

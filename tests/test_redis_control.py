@@ -89,22 +89,29 @@ def test_a_host_is_charged_up_to_its_budget_then_held_and_released(
     assert _used(frontier) == 5
 
 
-def test_a_page_is_given_back_when_its_request_is_not_fetched(frontier: RedisFrontier) -> None:
+def test_a_page_stays_charged_to_its_request_until_it_ends(frontier: RedisFrontier) -> None:
     _queue(frontier, 4)
     a, b, c, d = _lease(frontier, 4)
-    assert _charge(frontier, [a, b, c, d], host_budget=10) == [CHARGED] * 4
+    assert _charge(frontier, [a, b, c, d], host_budget=4) == [CHARGED] * 4
     assert frontier.ack(P, [a.ref]) == 1  # fetched: the page stays charged
     assert _used(frontier) == 4
-    assert frontier.ack(P, [b.ref + "r"]) == 1  # put back (a copy queued): given back
+    assert frontier.ack(P, [b.ref + "r"]) == 1  # a copy was queued: given back
     assert _used(frontier) == 3
-    assert frontier.nack(P, [c.ref]) == 1  # never fetched: given back
-    assert _used(frontier) == 2
-    # The holder died: the reaper requeues the lease and gives the page back.
-    leases = frontier.keys(P).leases
-    frontier.client.zadd(leases, {d.id: 0}, xx=True)
+    # Given back unfetched (nack), or its holder died (reap): the charge stays
+    # with the request -- the dead holder may have fetched the page -- and its
+    # next lease is not charged again, so no other page takes its place.
+    assert frontier.nack(P, [c.ref]) == 1
+    frontier.client.zadd(frontier.keys(P).leases, {d.id: 0}, xx=True)
     assert frontier.reap(P) == (1, 0)
-    assert _used(frontier) == 1
-    assert not frontier.client.hexists(frontier.keys(P).meta, "u:other")
+    assert _used(frontier) == 3
+    again = _lease(frontier, 2)
+    assert {t.id for t in again} == {c.id, d.id}
+    assert _charge(frontier, again, host_budget=3) == [CHARGED, CHARGED]  # within budget 3
+    assert _used(frontier) == 3
+    # A dead letter ends it unfetched: its page is given back.
+    frontier.dead_letter(P, again[0].id, "malformed: test")
+    assert _used(frontier) == 2
+    frontier.ack(P, [again[1].ref])
     meta = frontier.client.hgetall(frontier.keys(P).meta)
     assert not [f for f in meta if f.startswith(b"b:")]  # no charge record left behind
 
@@ -119,7 +126,7 @@ def test_topic_and_crawl_counts_are_crawl_wide_on_one_server(frontier: RedisFron
     counts = ControlChannel(frontier.link).counts()
     assert counts.topics == {"news": 2} and counts.crawl == 4
     assert counts.hosts == {"x.test": 2, "y.test": 2}
-    assert frontier.nack(P, [tokens[0].ref]) == 1
+    assert frontier.ack(P, [tokens[0].ref + "r"]) == 1  # put back: given back
     counts = ControlChannel(frontier.link).counts()
     assert counts.topics == {"news": 1} and counts.crawl == 3
 

@@ -69,9 +69,14 @@ class BudgetCounts:
     held: dict[str, int] = field(default_factory=dict)
     topics: dict[str, int] = field(default_factory=dict)
     crawl: int = 0
+    #: Pages charged to the crawl budget that were fetched and acked.
+    crawl_done: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"hosts": self.hosts, "held": self.held, "topics": self.topics, "crawl": self.crawl}
+        return {
+            "hosts": self.hosts, "held": self.held, "topics": self.topics, "crawl": self.crawl,
+            "crawl_done": self.crawl_done,
+        }  # fmt: skip
 
 
 class ControlChannel:
@@ -165,6 +170,8 @@ class ControlChannel:
                 name = decode(raw_field, lossy=True)
                 if name == "c":
                     out.crawl = int(raw_value)
+                elif name == "d":
+                    out.crawl_done = int(raw_value)
                 elif name.startswith("t:"):
                     out.topics[name[2:]] = int(raw_value)
         return out
@@ -214,7 +221,7 @@ class ControlChannel:
         chunk = 200
         for i in range(0, max(len(found), 2), 2 * chunk):
             args: list[str | int] = [partition, host, *found[i : i + 2 * chunk]]
-            call = ScriptCall([k.levels, k.meta, k.over, k.dead], args)
+            call = ScriptCall([k.levels, k.meta, k.over, k.dead, *link.budget_keys], args)
             total += int(link.scripts.values("purge", [call])[0])
         if total:
             self.client.incr(self.keyspace.finished)

@@ -135,8 +135,10 @@ class Keyspace:
         self.known_hosts = f"{prefix}:known-hosts"
         #: Set of the topics the crawl has queued requests under.
         self.known_topics = f"{prefix}:known-topics"
-        #: Hash of the pages charged crawl-wide: ``t:<topic>``, ``c`` (the
-        #: crawl); a single server only (a host's count is in its partition).
+        #: Hash of the pages charged crawl-wide: ``t:<topic>``, ``c`` (the crawl),
+        #: ``d`` (the crawl's charged pages fetched and acked: the crawl ends when
+        #: they reach its budget); a single server only (a host's count is in its
+        #: partition).
         self.budget = f"{prefix}:budget"
 
     def __repr__(self) -> str:

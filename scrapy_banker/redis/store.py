@@ -438,9 +438,11 @@ class RedisLeaseStore:
                 control.apply(state)
             if state.paused_hosts or state.paused_topics:
                 self.inbound.park_paused(self.queue.entries(), state)
+        # Spent once every page charged to it is done: a page charged to a
+        # request a dead worker held is fetched by whoever leases it next.
         crawl = self.budgets.crawl_budget(state)
-        charged = self.worker.crawl_charged
-        spent = crawl is not None and charged is not None and charged >= crawl
+        done = self.worker.crawl_done
+        spent = crawl is not None and done is not None and done >= crawl
         if spent and not self.crawl_spent:
             logger.info(
                 "The crawl budget (%d pages) is spent fleet-wide: leasing nothing more; "

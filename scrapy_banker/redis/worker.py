@@ -312,6 +312,11 @@ class FrontierWorker:
         return self.state.control.crawl_charged
 
     @property
+    def crawl_done(self) -> int | None:
+        """Pages charged to the crawl and done (acked) at the last read."""
+        return self.state.control.crawl_done
+
+    @property
     def adopted(self) -> deque[tuple[int, int, dict[str, str]]]:
         """(partition, epoch, host -> state JSON) of partitions this node took over,
         each appended before the partition's first leases in :attr:`inbound`."""

@@ -72,6 +72,8 @@ class ControlBox:
         self.state = ControlState()
         #: Pages charged to the whole crawl at the last read (None: no crawl budget).
         self.crawl_charged: int | None = None
+        #: Of those, the pages fetched and done (acked) at the last read.
+        self.crawl_done: int | None = None
 
     # -- the reactor thread -------------------------------------------------------------
 
@@ -189,7 +191,11 @@ class ControlJob:
         self._bad_logged = False
         old = box.state
         crawl = self.rules.crawl_budget(state)
-        box.crawl_charged = None if crawl is None else channel.counts([]).crawl
+        if crawl is None:
+            box.crawl_charged = box.crawl_done = None
+        else:
+            counts = channel.counts([])
+            box.crawl_charged, box.crawl_done = counts.crawl, counts.crawl_done
         first, self._first = self._first, False
         if first and self.rules.any(state):
             # The settings' budgets may have been raised since the last run.

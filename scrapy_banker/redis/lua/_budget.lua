@@ -1,9 +1,13 @@
--- (Included by the scripts that release a lease.)  Budgets: a leased request
--- charged to its host's budget (charge.lua) carries "b:<id>" = host TAB topic
--- TAB crawl-flag in the partition's meta; the host's pages charged are
--- "u:<host>" there, a topic's and the crawl's in the crawl-wide budget hash
--- (a single server only: another slot on a cluster).  A request given back
--- unfetched gives its page back; an ack keeps it ("r" asks for it back too).
+-- (Included by the scripts that end a request for good.)  Budgets: a leased
+-- request charged to its host's budget (charge.lua) carries "b:<id>" = host
+-- TAB topic TAB crawl-flag in the partition's meta; the host's pages charged
+-- are "u:<host>" there, a topic's and the crawl's in the crawl-wide budget
+-- hash (a single server only: another slot on a cluster).  The charge stays
+-- with the request while it goes back to the queue (nack, reap) and comes
+-- back (charge.lua finds it and charges nothing), so a page a dead worker
+-- fetched is never replaced by another one.  An ack keeps it; an ack with
+-- "r" (a copy of the request was queued), a dead letter or a purge gives it
+-- back.
 local function refund(meta, id, global)
   local b = redis.call("HGET", meta, "b:" .. id)
   if not b then return end

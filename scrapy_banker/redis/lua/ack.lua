@@ -18,7 +18,12 @@ for i = 1, #ARGV do
     local e = redis.call("HGET", KEYS[3], "e:" .. id)
     -- A counter at zero is deleted: epochs come and go, their fields must not stay.
   if e and redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[3], "h:" .. e) end
-    if back == "r" then refund(KEYS[3], id, KEYS[4]) end
+    if back == "r" then
+      refund(KEYS[3], id, KEYS[4])
+    elseif KEYS[4] and string.sub(redis.call("HGET", KEYS[3], "b:" .. id) or "", -1) == "1" then
+      -- A page charged to the crawl budget is done: the crawl ends when all are.
+      redis.call("HINCRBY", KEYS[4], "d", 1)
+    end
     redis.call("HDEL", KEYS[2], id)
     redis.call("HDEL", KEYS[3], "b:" .. id, "d:" .. id, "s:" .. id, "e:" .. id, "c:" .. id, "f:" .. id)
   end

@@ -1,10 +1,9 @@
 -- Give leased requests back unprocessed (a clean stop, a lost partition): they
 -- go back to the head of their priority's list and the delivery does not count.
--- KEYS: 1 levels, 2 leases, 3 meta, 4 payloads, [5 the crawl-wide budget hash].
+-- KEYS: 1 levels, 2 leases, 3 meta, 4 payloads, [5 the crawl-wide budget hash: unused].
 -- ARGV: ids, or id#delivery tokens.
 -- Returns how many were leased.
 -- #include _putback
--- #include _budget
 local n = 0
 -- Last first: each goes to the head, so the first given back ends up first.
 for i = #ARGV, 1, -1 do
@@ -24,7 +23,8 @@ for i = #ARGV, 1, -1 do
       redis.call("HINCRBY", KEYS[3], "c:" .. id, -1)
     end
     redis.call("HDEL", KEYS[3], "e:" .. id, "f:" .. id)
-    refund(KEYS[3], id, KEYS[5])
+    -- A budget page it was charged stays with it (its "b:" record): whoever
+    -- leases it next fetches it without a new charge.
     put_back(KEYS[1], KEYS[4], KEYS[3], id)
   end
 end

@@ -4,7 +4,9 @@
 -- The caller found the entries by decoding the payloads (a script cannot:
 -- payloads may be compressed); one leased meanwhile is not in its list any
 -- more and stays leased.  The host's entries held over a budget go too.
+-- KEYS[5] (optional): the crawl-wide budget hash.
 -- Returns how many were dead-lettered.
+-- #include _budget
 local n = 0
 local function letter(id, payload)
   redis.call("RPUSH", KEYS[4], cjson.encode({
@@ -19,7 +21,9 @@ for i = 3, #ARGV, 2 do
     redis.call("HINCRBY", KEYS[2], "n", -1)
     if redis.call("EXISTS", list) == 0 then redis.call("ZREM", KEYS[1], level) end
     local space = string.find(entry, " ", 1, true) or (#entry + 1)
-    letter(string.sub(entry, 1, space - 1), string.sub(entry, space + 1))
+    local id = string.sub(entry, 1, space - 1)
+    refund(KEYS[2], id, KEYS[5])  -- charged, then given back unfetched: never fetched now
+    letter(id, string.sub(entry, space + 1))
   end
 end
 local items = redis.call("LRANGE", KEYS[3], 0, -1)

@@ -1,10 +1,9 @@
 -- Give expired leases back to the queue, or dead-letter them after too many
 -- deliveries whose fetch began.
--- KEYS: 1 levels, 2 leases, 3 payloads, 4 meta, 5 dead (list), [6 the crawl-wide budget hash]
+-- KEYS: 1 levels, 2 leases, 3 payloads, 4 meta, 5 dead (list), [6 the crawl-wide budget hash: unused]
 -- ARGV: 1 max deliveries, 2 limit, 3 partition label
 -- Returns {requeued, dead}.
 -- #include _putback
--- #include _budget
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "LIMIT", 0, tonumber(ARGV[2]))
@@ -17,9 +16,9 @@ for i = #expired, 1, -1 do
   -- A counter at zero is deleted: epochs come and go, their fields must not stay.
   if e and redis.call("HINCRBY", KEYS[4], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[4], "h:" .. e) end
   redis.call("HDEL", KEYS[4], "e:" .. id)
-  -- Its holder died or froze: whether it fetched the page is unknown, and
-  -- the request is fetched again; the page is charged again then.
-  refund(KEYS[4], id, KEYS[6])
+  -- Its holder died or froze, maybe after the server answered: a budget
+  -- page it was charged stays with it ("b:" record), so its next holder
+  -- fetches it without a new charge and no other page takes its place.
   local n = tonumber(redis.call("HGET", KEYS[4], "d:" .. id) or "0")
   -- Deliveries count once their fetch began (start.lua): one that only sat
   -- in the buffer of a worker that died or froze is no sign of a poison
@@ -34,7 +33,7 @@ for i = #expired, 1, -1 do
       reason = "lease expired after " .. n .. " deliveries",
     }))
     redis.call("HDEL", KEYS[3], id)
-    redis.call("HDEL", KEYS[4], "d:" .. id, "s:" .. id, "c:" .. id, "f:" .. id)
+    redis.call("HDEL", KEYS[4], "b:" .. id, "d:" .. id, "s:" .. id, "c:" .. id, "f:" .. id)
     dead = dead + 1
   else
     put_back(KEYS[1], KEYS[3], KEYS[4], id)

@@ -307,6 +307,9 @@ class RedisLeaseStore:
         return self.outbound.put(request, c, now, self.spider)
 
     def refill(self, now: float) -> None:
+        # The latest directives before any leased request is queued or let go:
+        # a worker that just joined must not send a host past its operator's limit.
+        self._follow_control()
         self.inbound.hand_back_lost(self.spider)
         self.inbound.drain(now, self.spider)
         # Host states before acks: a new owner pops once the acks released

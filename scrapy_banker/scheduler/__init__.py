@@ -36,7 +36,7 @@ from scrapy_banker.scheduler.control_file import POLL_S as CONTROL_POLL_S
 from scrapy_banker.scheduler.control_file import ControlFile
 from scrapy_banker.scheduler.counters import SchedulerCounters
 from scrapy_banker.scheduler.downloader import DownloaderView
-from scrapy_banker.scheduler.engine import close_spider, scraper_backlog, wake_engine
+from scrapy_banker.scheduler.engine import scraper_backlog, wake_engine
 from scrapy_banker.scheduler.gate import AdmissionGate
 from scrapy_banker.scheduler.jobdir import JobDir
 from scrapy_banker.scheduler.politeness import HeldBack, PolitenessGate
@@ -116,7 +116,6 @@ class BankerScheduler(BaseScheduler):
             else None
         )
         self._control_poll_at = 0.0
-        self._budget_closed = False
         store_dead_letter = getattr(store, "dead_letter", None)
         if store_dead_letter is not None:
             polite.drain = True
@@ -215,16 +214,7 @@ class BankerScheduler(BaseScheduler):
 
     def has_pending_requests(self) -> bool:
         gate = self.gate
-        pending = len(self.queue) > 0 or bool(gate and gate.parked) or self.store.has_pending()
-        control = self.control
-        if not pending and control is not None and control.book is not None:
-            book = control.book
-            if book.crawl_spent and not self._budget_closed:
-                # Closed with its reason before the engine's idle check says "finished".
-                self._budget_closed = True
-                self.stats.set_value("banker/budget/crawl_spent", 1)
-                close_spider(self.crawler, "banker_crawl_budget")
-        return pending
+        return len(self.queue) > 0 or bool(gate and gate.parked) or self.store.has_pending()
 
     def __len__(self) -> int:
         return len(self.queue) + (len(self.gate) if self.gate else 0) + len(self.store)

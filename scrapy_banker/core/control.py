@@ -25,6 +25,7 @@ import math
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 __all__ = [
@@ -166,11 +167,11 @@ class ControlState:
     def topic(self, topic: str) -> TopicControl:
         return self.topics.get(topic) or _NO_TOPIC
 
-    @property
+    @cached_property
     def paused_hosts(self) -> frozenset[str]:
         return frozenset(h for h, c in self.hosts.items() if c.paused)
 
-    @property
+    @cached_property
     def paused_topics(self) -> frozenset[str]:
         return frozenset(t for t, c in self.topics.items() if c.paused)
 

@@ -138,6 +138,14 @@ def test_rules_first_match_wins_and_fall_back_to_default() -> None:
             r"BANKER_ADMISSION_POLICY='random'.*'banker', 'naive'",
         ),
         ({"BANKER_FARM_DOMAIN": "Farm Test"}, r"BANKER_FARM_DOMAIN='Farm Test'.*DNS suffix"),
+        ({"BANKER_HOST_BUDGET": -1}, r"BANKER_HOST_BUDGET=-1.*pages >= 0"),
+        ({"BANKER_HOST_BUDGET": "many"}, r"BANKER_HOST_BUDGET='many'.*pages >= 0"),
+        ({"BANKER_CRAWL_BUDGET": -5}, r"BANKER_CRAWL_BUDGET=-5.*pages >= 0"),
+        ({"BANKER_HOST_BUDGETS": [1]}, r"BANKER_HOST_BUDGETS=\[1\].*host pattern -> pages"),
+        ({"BANKER_HOST_BUDGETS": {"http://a.test/": 3}}, r"no scheme, no path"),
+        ({"BANKER_HOST_BUDGETS": {"A.test": 3}}, r"lower-case host name"),
+        ({"BANKER_HOST_BUDGETS": {"a.test": -3}}, r"BANKER_HOST_BUDGETS\['a.test'\]=-3.*>= 0"),
+        ({"BANKER_TOPICS": {"n": {"budget": -1}}}, r"\['budget'\]=-1.*>= 0"),
     ],
 )
 def test_invalid_values_name_setting_value_and_allowed(

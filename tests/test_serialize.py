@@ -226,8 +226,169 @@ def test_scrapy_spider_classes_round_trip() -> None:
     assert codec.decode(codec.encode(sm, sitemap), sitemap).callback == sitemap._parse_sitemap
 
 
+# -- delegated callbacks: a method of another object kept as an attribute of the spider ----
+
+
+class Helper:
+    """The object a spider delegates parsing to; reading its attributes is recorded."""
+
+    touched: list[str] = []
+
+    def parse_page(self, response: Any) -> None:
+        pass
+
+    def on_error(self, failure: Any) -> None:
+        pass
+
+    def __call__(self, response: Any) -> None:
+        pass
+
+    @classmethod
+    def build(cls, response: Any) -> None:
+        pass
+
+    @property
+    def parse_lazily(self) -> Any:
+        self.touched.append("helper property")
+        return self.parse_page
+
+    def __getattr__(self, name: str) -> Any:
+        self.touched.append(f"helper __getattr__ {name}")
+        return self.parse_page
+
+
+_STRAY = Helper()
+
+
+class Delegating(Spider):
+    """Scrapy's own ``test_delegated_callback_serialization`` spider, and traps around it."""
+
+    name = "delegating"
+    touched: list[str] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.helper = Helper()
+        self.parse_page = self.helper.parse_page
+        self.on_error = self.helper.on_error
+        self.whole_helper = self.helper.__call__  # a dunder one level down
+        self.built = Helper.build  # bound to a class
+        vars(self)["shadowed"] = self.helper.parse_page  # under the property below
+
+    @property
+    def shadowed(self) -> Any:
+        self.touched.append("spider property")
+        return self.helper.parse_page
+
+    def __getattr__(self, name: str) -> Any:
+        self.touched.append(f"spider __getattr__ {name}")
+        return _STRAY.parse_page
+
+
+@pytest.fixture
+def delegating() -> Delegating:
+    spider = Delegating()
+    Delegating.touched.clear()
+    Helper.touched.clear()
+    return spider
+
+
+def test_delegated_callback_round_trips(delegating: Delegating) -> None:
+    """Scrapy names and resolves ``self.parse_page = helper.parse_page``: so does the codec."""
+    codec = RequestCodec()
+    request = Request(
+        "http://h/d",
+        callback=delegating.parse_page,
+        errback=delegating.on_error,
+        cb_kwargs={"page": 2},
+    )
+    for payload in (codec.encode(request, delegating), codec.encode_compact(request, delegating)):
+        assert codec.payload_dict(payload)["callback"] == "parse_page"
+        assert codec.payload_dict(payload)["errback"] == "on_error"
+        back = codec.decode(payload, delegating)
+        assert back.callback == request.callback
+        assert back.callback.__self__ is delegating.helper  # type: ignore[union-attr]
+        assert back.errback == request.errback
+        assert back.cb_kwargs == {"page": 2}
+    assert Delegating.touched == [] and Helper.touched == []
+    # Scrapy's own to_dict gives the same name (reading every member: properties run there).
+    assert request.to_dict(spider=delegating)["callback"] == "parse_page"
+
+
+def test_delegated_callback_follows_the_spider_rebinding_it(delegating: Delegating) -> None:
+    """The name is looked up at each encode: a method the spider let go of is not persisted."""
+    codec = RequestCodec()
+    old = delegating.on_error
+    assert json.loads(codec.encode(Request("http://h/", callback=old), delegating))["callback"] == (
+        "on_error"
+    )
+    delegating.on_error = Helper().on_error
+    with pytest.raises(UnserializableRequest, match="is not an instance method in: <Delegating"):
+        codec.encode(Request("http://h/", callback=old), delegating)
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("whole_helper", "dunder __call__ of Helper"),  # a dunder one level down
+        ("__hook__", "dunder"),  # a dunder attribute of the spider
+        ("built", "class method"),
+        ("shadowed", "property"),  # a class property beats the instance's attribute: not run
+        ("conjured", "missing"),  # only the spider's __getattr__ would make it: not run
+        ("helper", "Helper"),  # the object itself, not a method of it
+        ("helper.parse_page", "single identifier"),  # no getattr chain
+        ("helper.parse_lazily", "single identifier"),
+        ("helper.conjured", "single identifier"),
+        ("tests.test_serialize.Helper.parse_page", "single identifier"),  # no import path
+        ("tests.test_serialize:Helper.parse_page", "single identifier"),
+    ],
+)
+def test_delegated_callbacks_keep_the_safety_rules(
+    delegating: Delegating, name: str, match: str
+) -> None:
+    setattr(delegating, "__hook__", delegating.helper.parse_page)  # noqa: B010
+    codec = RequestCodec()
+    for key in ("callback", "errback"):
+        for payload in (
+            json.dumps({"url": "http://h/", key: name}),
+            "2" + json.dumps({"u": "http://h/", key[0]: name}),
+        ):
+            with pytest.raises(MalformedPayload, match=match):
+                codec.decode(payload, delegating)
+    assert Delegating.touched == [] and Helper.touched == []
+
+
+def test_what_a_delegated_callback_may_not_be_is_never_persisted(delegating: Delegating) -> None:
+    """Encoding refuses what decoding would: nothing is stored that would not come back."""
+    codec = RequestCodec()
+    helper = delegating.helper
+    for callback, match in (
+        (delegating.whole_helper, "dunder __call__"),
+        (delegating.built, "class method"),
+        (Helper().parse_page, "is not an instance method in"),  # an object the spider lacks
+    ):
+        with pytest.raises(UnserializableRequest, match=match):
+            codec.encode(Request("http://h/", callback=callback), delegating)
+    # Reached only through helper's __getattr__: the codec does not follow it either.
+    with pytest.raises(UnserializableRequest, match="is not an instance method in"):
+        codec.encode(Request("http://h/", callback=Helper().conjured), delegating)
+    Helper.touched.clear()
+    # The same method under a dunder attribute and a plain one: stored by the plain name
+    # (Scrapy's to_dict would pick the dunder, the first in alphabetical order).
+    setattr(delegating, "__hook__", helper.parse_page)  # noqa: B010
+    payload = codec.encode(Request("http://h/", callback=helper.parse_page), delegating)
+    assert json.loads(payload)["callback"] == "parse_page"
+    assert codec.decode(payload, delegating).callback == helper.parse_page
+    # Only under a dunder attribute: refused, saying why.
+    del delegating.parse_page
+    with pytest.raises(UnserializableRequest, match="dunder"):
+        codec.encode(Request("http://h/", callback=helper.parse_page), delegating)
+    assert Delegating.touched == [] and Helper.touched == []
+
+
 def test_what_would_not_resolve_back_is_never_persisted(spider: MySpider) -> None:
-    """Encoding applies decoding's rule: a class method or another object's method stays unsaved."""
+    """Encoding applies decoding's rule: a class method, a method of an object the spider
+    does not hold, a builtin stay unsaved."""
     other = MySpider()
     codec = RequestCodec()
     for callback in (MySpider.from_crawler, other.parse_item, print):

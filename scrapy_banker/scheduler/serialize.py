@@ -7,12 +7,16 @@ disk) is remote code execution.  Here a request travels as JSON of
 built, and a callback or errback resolves the way Scrapy's own
 ``request_from_dict`` resolves it -- by name, on the running spider -- kept
 narrow: the name must be one identifier (no dotted chain, no import path),
-not a dunder, and name a plain function defined on the spider's class or one
-of its bases (private ``_callback`` of ``CrawlSpider``, name-mangled
-``_Spider__parse`` and mixin methods included), bound to that spider.  The
-lookup is static first (:func:`inspect.getattr_static`), so resolving a name
-runs no property and no ``__getattr__``.  Encoding checks the same rule, so a
-request is never persisted with a callback that would not resolve back.
+not a dunder, and name either a plain function defined on the spider's class
+or one of its bases (private ``_callback`` of ``CrawlSpider``, name-mangled
+``_Spider__parse`` and mixin methods included), bound to that spider, or a
+delegated callback: a method of another object that the spider keeps as an
+attribute (``self.parse_page = helper.parse_page``, which Scrapy's
+``to_dict`` names too), bound to an instance, not a class, and not a dunder
+of its own class.  The lookup is static (:func:`inspect.getattr_static`), so
+resolving a name runs no property and no ``__getattr__`` -- of the spider or
+of the object a delegated method belongs to.  Encoding checks the same rule,
+so a request is never persisted with a callback that would not resolve back.
 Bytes (body, headers, bytes in meta) are tagged and base64-encoded.
 """
 
@@ -23,7 +27,7 @@ import inspect
 import json
 import types
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from scrapy.http import FormRequest, JsonRequest, Request, XmlRpcRequest
@@ -75,23 +79,62 @@ def method_name_problem(name: object) -> str | None:
     return None
 
 
+def _spider_label(spider: object) -> str:
+    """``<MySpider 'name'>``, read statically (no property runs), for error messages."""
+    name = inspect.getattr_static(spider, "name", None)
+    cls = type(spider).__name__
+    return f"<{cls} {name!r}>" if isinstance(name, str) else f"<{cls}>"
+
+
+def _delegated_problem(method: types.MethodType) -> str | None:
+    """Why a method of another object, kept on the spider, is no callback (None: it is)."""
+    func = method.__func__
+    if not isinstance(func, types.FunctionType):
+        return f"is a method wrapping a {type(func).__name__}, not a plain function"
+    if isinstance(method.__self__, type):
+        return "is a class method (never resolved)"
+    if func.__name__.startswith("__") and func.__name__.endswith("__"):
+        return f"is the dunder {func.__name__} of {type(method.__self__).__name__} (never resolved)"
+    return None
+
+
 def resolve_method(spider: object, name: object, what: str = "callback") -> Callable[..., Any]:
     """The spider's method called ``name``, as Scrapy's ``request_from_dict`` finds it.
 
-    Raises :class:`MalformedPayload` saying why when ``name`` is not a plain
-    function of the spider's class (or a base class), bound to ``spider``:
-    properties, class and static methods, attributes, functions stored on
-    the instance and anything :func:`method_name_problem` refuses.
+    That is a plain function of the spider's class (or a base class), bound
+    to ``spider``, or a delegated callback: a method of another object kept
+    under ``name`` on the spider (or its class), returned as it is stored --
+    Scrapy's ``to_dict`` names both kinds, and ``request_from_dict`` gets both
+    back with ``getattr``.  Raises :class:`MalformedPayload` saying why for
+    anything else: properties, class and static methods, attributes,
+    functions stored on the instance, a delegated class method or dunder,
+    and anything :func:`method_name_problem` refuses.  Nothing is read with
+    ``getattr`` before the static lookup has found a plain function on the
+    class, so no property, ``__getattr__`` or ``__getattribute__`` runs for a
+    delegated callback at all.
     """
     problem = method_name_problem(name)
     if problem is not None:
         raise MalformedPayload(f"{what} {name!r} {problem}")
     assert isinstance(name, str)
     static = inspect.getattr_static(spider, name, None)  # runs no descriptor, no __getattr__
+    if isinstance(static, types.MethodType):
+        # Bound methods are no descriptors: getattr() would return this very object.
+        problem = _delegated_problem(static)
+        if problem is not None:
+            raise MalformedPayload(
+                f"{what} {name!r} of the spider {type(spider).__name__} {problem}"
+            )
+        return static
     if not isinstance(static, types.FunctionType):
-        kind = "missing" if static is None else type(static).__name__
+        cls = type(spider).__name__
+        if static is None:  # Scrapy's own wording follows, for whoever searches logs for it
+            raise MalformedPayload(
+                f"{what} {name!r} is not a method of the spider {cls} (missing): "
+                f"Method {name!r} not found in: {_spider_label(spider)}"
+            )
         raise MalformedPayload(
-            f"{what} {name!r} is not a method of the spider {type(spider).__name__} ({kind})"
+            f"{what} {name!r} is not a method of the spider {cls} ({type(static).__name__})"
         )
     bound = getattr(spider, name)
     if not (inspect.ismethod(bound) and bound.__self__ is spider):
@@ -101,31 +144,69 @@ def resolve_method(spider: object, name: object, what: str = "callback") -> Call
     return bound  # type: ignore[no-any-return]
 
 
+def _static_members(spider: object) -> Iterator[tuple[str, object]]:
+    """The spider's instance attributes, then its classes' (MRO order), read without getattr."""
+    try:
+        instance = object.__getattribute__(spider, "__dict__")  # as getattr_static reads it
+    except AttributeError:
+        instance = {}
+    if isinstance(instance, dict):
+        yield from list(instance.items())
+    for klass in type(spider).__mro__:
+        yield from list(vars(klass).items())
+
+
 def method_name(spider: object, method: Callable[..., Any], cache: dict[Any, str]) -> str:
     """The name :func:`resolve_method` resolves back to ``method`` (encoding's side).
 
-    Raises :class:`UnserializableRequest` for what Scrapy's ``to_dict`` cannot
-    name either (a lambda, another object's method) and for what this
-    codec would refuse to resolve (a class or static method, a dunder).
-    ``cache`` maps functions to names already found (one per codec).
+    A method of the spider is named after the class attribute holding its
+    function; a method of another object after the spider's attribute
+    holding that very bound method (same function, same object), as
+    Scrapy's ``to_dict`` finds it.  Raises :class:`UnserializableRequest`
+    for what Scrapy's ``to_dict`` cannot name either (a lambda, a method of
+    an object the spider does not hold) and for what this codec would refuse
+    to resolve (a class or static method, a dunder).  ``cache`` maps the
+    spider's own functions to names already found (one per codec);
+    delegated callbacks are looked up each time, in the few attributes of
+    the instance, since the spider may rebind them.
     """
     func = getattr(method, "__func__", None)
-    if func is None or getattr(method, "__self__", None) is not spider:
+    owner = getattr(method, "__self__", None)
+    if func is None or spider is None:
         raise UnserializableRequest(f"Function {method!r} is not an instance method in: {spider!r}")
-    name = cache.get(func)
-    if name is not None:
-        return name
-    for klass in type(spider).__mro__:
-        for attr, value in vars(klass).items():
-            if value is func and inspect.getattr_static(spider, attr, None) is func:
-                try:
-                    resolve_method(spider, attr)
-                except MalformedPayload as exc:
-                    raise UnserializableRequest(str(exc)) from None
-                cache[func] = attr
-                return attr
+    if owner is spider:
+        name = cache.get(func)
+        if name is not None:
+            return name
+        for klass in type(spider).__mro__:
+            for attr, value in vars(klass).items():
+                if value is func and inspect.getattr_static(spider, attr, None) is func:
+                    try:
+                        resolve_method(spider, attr)
+                    except MalformedPayload as exc:
+                        raise UnserializableRequest(str(exc)) from None
+                    cache[func] = attr
+                    return attr
+    refused: str | None = None
+    for attr, value in _static_members(spider):
+        if not (
+            isinstance(value, types.MethodType)
+            and value.__func__ is func
+            and value.__self__ is owner
+            and inspect.getattr_static(spider, attr, None) is value  # not shadowed
+        ):
+            continue
+        try:
+            resolve_method(spider, attr)
+        except MalformedPayload as exc:
+            refused = refused or str(exc)
+            continue
+        return attr
+    if refused is not None:
+        raise UnserializableRequest(refused)
     raise UnserializableRequest(
-        f"Function {method!r} is not a method of the spider's class in: {spider!r}"
+        f"Function {method!r} is not an instance method in: {spider!r} "
+        "(neither a method of the spider's class nor a method the spider keeps as an attribute)"
     )
 
 

@@ -154,7 +154,8 @@ _META_KEY = re.compile(r"banker_[a-z0-9_]+")
 #: ``banker_*`` strings that are not request.meta keys, and what they are.
 NOT_REQUEST_META = {
     "banker_setting": "key of a dataclass field's metadata in scrapy_banker/settings.py",
-    "banker_crawl_budget": "the reason a fleet worker closes with once the crawl budget is spent",
+    "banker_crawl_budget": "the close reason once the crawl budget is spent (every mode)",
+    "banker_budget": "the close reason of a crawl ending with requests held over a budget",
 }
 
 

@@ -311,18 +311,32 @@ def _topic_control(topic: str, value: object) -> TopicControl:
 # -- parsing an operator's words ------------------------------------------------------
 
 
+#: The most an operator may give each number: beyond it the value is a typo, not a wish
+#: (a day between two requests is a pause; a trillion pages is no budget at all).
+_MOST = {"limit": 10_000, "budget": 10**12, "delay": 86_400}
+#: Plain ASCII decimals only: Python's int() and float() also take '1_000', ' ٣ ',
+#: 'nan', 'infinity' and '0x10'-like spellings an operator never means.
+_INTEGER = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _number(verb: str, text: str, *, integer: bool, least: float) -> float | None:
+    """The ``N`` of ``limit`` / ``budget`` (an integer) or ``delay`` (seconds, finite), in range."""
     if text.lower() == "none" and verb != "delay":
         return None
+    most = _MOST[verb]
     allowed = f"an integer >= {int(least)}" if integer else f"a number of seconds >= {least:g}"
     if verb != "delay":
         allowed += " or 'none'"
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        raise ControlError(f"{verb}: N must be {allowed}, got {text!r}") from None
-    if not math.isfinite(value) or value < least:
-        raise ControlError(f"{verb}: N must be {allowed}, got {text!r}")
+    error = ControlError(
+        f"{verb}: N must be {allowed}, got {text!r} (at most {most:,}{'' if integer else ' s'})"
+    )
+    digits = text.strip()
+    if not (_INTEGER if integer else _DECIMAL).fullmatch(digits):
+        raise error
+    value = int(digits) if integer else float(digits)
+    if not math.isfinite(value) or not least <= value <= most:
+        raise error
     return value
 
 
@@ -333,6 +347,31 @@ def _topic(verb: str, name: str, topics: Collection[str] | None) -> str:
         known = ", ".join(sorted(topics)) or "none (BANKER_TOPICS is empty)"
         raise ControlError(f"{verb}: no topic {name!r} in this crawl; its topics: {known}")
     return name
+
+
+def _host_argument(value: str) -> str:
+    """:func:`check_host` for an operator's HOST, which never carries a port.
+
+    The crawl keys a host by its download slot: the URL's host name, without
+    port.  ``127.0.0.1:8731`` is refused naming ``127.0.0.1`` (not taken
+    for an IPv6 address), and a bare IPv6 address must be a valid one.
+    """
+    import ipaddress
+
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, str) and ":" in text and "://" not in text and "/" not in text:
+        head, _, port = text.rpartition(":")
+        bare = head[1:-1] if head.startswith("[") and head.endswith("]") else head
+        if port.isascii() and port.isdigit() and bare and (bare != head or ":" not in bare):
+            raise ControlError(
+                f"HOST: {value!r} names a port; the crawl keys hosts by name, without port: "
+                f"give {check_host(bare)!r}"
+            )
+        try:
+            ipaddress.IPv6Address(text[1:-1] if text.startswith("[") else text)
+        except ValueError:
+            raise ControlError(f"HOST: {value!r} is not a host name nor an IPv6 address") from None
+    return check_host(value)
 
 
 def parse_action(
@@ -376,7 +415,7 @@ def parse_action(
             raise ControlError(f"{verb}: takes a HOST, not a topic ({usage})")
         target = "topic:" + _topic(verb, target[6:], topics)
     else:
-        target = check_host(target)
+        target = _host_argument(target)
     if want == 1:
         return Action(verb, target)
     if verb == "delay":
@@ -475,6 +514,13 @@ class BudgetBook:
             self.topics[topic] = self.topics.get(topic, 0) + 1
             self.crawl += 1
         return reason
+
+    def count(self, host: str, topic: str) -> None:
+        """Count one page with no budget in force (what a budget set later starts from)."""
+        hosts, topics = self.hosts, self.topics
+        hosts[host] = hosts.get(host, 0) + 1
+        topics[topic] = topics.get(topic, 0) + 1
+        self.crawl += 1
 
     def refund(self, host: str, topic: str) -> None:
         if self.hosts.get(host, 0) > 0:

@@ -22,6 +22,10 @@ Records (JSON lines, never pickle):
   ``{"d":[SEQ,...]}``.  An ``E`` without a ``D`` is pending again after a
   crash; a ``D`` always follows the ``E`` of every child of its request,
   because children are queued (and journaled) before their parent is done.
+  An optional ``"u":[SEQ,...]`` names those of them that used no budget (a
+  copy was queued in their place -- a retry, a redirect -- or they were
+  dead-lettered unsent): every other ``D`` is one page fetched, which is how
+  budgets are counted exactly after a crash (:attr:`JournalState.pages`).
 * ``S`` -- in a snapshot only: fingerprints of completed requests,
   ``{"s":["FP",...]}``; they keep the seen set without keeping the requests.
 * the snapshot's first line is its header (``{"banker":"snapshot",...}``).
@@ -50,6 +54,7 @@ __all__ = [
     "BadLine",
     "Enqueued",
     "JournalState",
+    "PageCounts",
     "UnsupportedSnapshot",
     "done_line",
     "enqueue_line",
@@ -113,9 +118,14 @@ def enqueue_line(
     )
 
 
-def done_line(seqs: Iterable[int]) -> str:
-    """One ``D`` record for the requests ``seqs`` (one write for a batch)."""
-    return '{"d":[' + ",".join(str(int(s)) for s in seqs) + "]}\n"
+def done_line(seqs: Iterable[int], unused: Iterable[int] = ()) -> str:
+    """One ``D`` record for the requests ``seqs`` (one write for a batch).
+
+    ``unused``: those of ``seqs`` that are no page of any budget.
+    """
+    line = '{"d":[' + ",".join(str(int(s)) for s in seqs) + "]"
+    free = ",".join(str(int(s)) for s in unused)
+    return line + (',"u":[' + free + "]}\n" if free else "}\n")
 
 
 def seen_lines(fingerprints: Iterable[str], per_line: int = 1000) -> Iterator[str]:
@@ -203,6 +213,40 @@ def needs_compaction(journal_records: int, snapshot_records: int, minimum: int) 
 
 
 @dataclass
+class PageCounts:
+    """Pages fetched per host, per topic and in all: what budgets are counted against."""
+
+    hosts: dict[str, int] = field(default_factory=dict)
+    topics: dict[str, int] = field(default_factory=dict)
+    crawl: int = 0
+
+    def add(self, host: str, topic: str, n: int = 1) -> None:
+        self.hosts[host] = self.hosts.get(host, 0) + n
+        self.topics[topic] = self.topics.get(topic, 0) + n
+        self.crawl += n
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hosts": dict(self.hosts), "topics": dict(self.topics), "crawl": self.crawl}
+
+    def restore(self, data: Any) -> None:
+        """Counts from :meth:`to_json` (a snapshot header); ``ValueError`` if malformed."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected an object, got {type(data).__name__}")
+        hosts, topics = data.get("hosts", {}), data.get("topics", {})
+        if not isinstance(hosts, dict) or not isinstance(topics, dict):
+            raise ValueError("budget counts must be objects")
+        self.hosts = {str(h): _count(n) for h, n in hosts.items()}
+        self.topics = {str(t): _count(n) for t, n in topics.items()}
+        self.crawl = _count(data.get("crawl", 0))
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a page count must be a non-negative integer, not {value!r}")
+    return value
+
+
+@dataclass
 class JournalState:
     """Replay of a snapshot and its journal: which requests are pending, what was seen.
 
@@ -225,6 +269,12 @@ class JournalState:
     malformed: list[BadLine] = field(default_factory=list)
     #: Records (``E`` + ``D`` sequence numbers) read from journals.
     journal_records: int = 0
+    #: Pages fetched per host, per topic and in all (``"crawl"``): the snapshot
+    #: header's ``"budgets"`` plus the journal's ``D`` records (not ``"u"``).
+    pages: PageCounts = field(default_factory=lambda: PageCounts())
+    #: Pending requests' (host, topic), for :attr:`pages` (pairs are shared).
+    lanes: dict[int, tuple[str, str]] = field(default_factory=dict)
+    _pairs: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     def seen(self) -> set[str]:
         """The seen set: fingerprints of every journaled request, done or pending."""
@@ -264,6 +314,12 @@ class JournalState:
                 f"(this scrapy-banker reads version {SNAPSHOT_VERSION})"
             )
         self.header = obj
+        budgets = obj.get("budgets")
+        if budgets is not None:
+            try:
+                self.pages.restore(budgets)
+            except ValueError as exc:
+                self._bad(source, lineno, f"budget counts: {exc}", line)
         next_seq = obj.get("next_seq", 0)
         self.next_seq = max(self.next_seq, next_seq if isinstance(next_seq, int) else 0)
 
@@ -279,6 +335,8 @@ class JournalState:
                 rec = parse_enqueue(line)
                 if rec.seq not in self.live:
                     self.live[rec.seq] = rec.fingerprint
+                    pair = (rec.slot, rec.topic)
+                    self.lanes[rec.seq] = self._pairs.setdefault(pair, pair)
                 self.next_seq = max(self.next_seq, rec.seq + 1)
                 self.journal_records += journal
                 return
@@ -287,10 +345,15 @@ class JournalState:
                 raise ValueError("not a record")
             if "d" in obj and journal:
                 seqs = [_int(s) for s in obj["d"]]
+                unused = {_int(s) for s in obj.get("u", ())}
+                pages = self.pages
                 for seq in seqs:
                     fp = self.live.pop(seq, None)
                     if fp:
                         self.done.add(fp)
+                    lane = self.lanes.pop(seq, None)
+                    if lane is not None and seq not in unused:
+                        pages.add(*lane)
                 self.journal_records += len(seqs)
             elif "s" in obj and not journal:
                 self.done.update(str(fp) for fp in obj["s"])

@@ -71,6 +71,7 @@ from scrapy_banker.redis.store_politeness import HostSync
 from scrapy_banker.redis.store_spill import SpillKeeper
 from scrapy_banker.redis.store_telemetry import NodeTelemetry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
+from scrapy_banker.scheduler.control import CLOSE_CRAWL_BUDGET
 from scrapy_banker.scheduler.engine import (
     close_spider,
     looping_call,
@@ -459,7 +460,7 @@ class RedisLeaseStore:
     def _close_for_budget(self) -> None:
         if not self._closing:
             self._closing = True
-            close_spider(self.crawler, "banker_crawl_budget")
+            close_spider(self.crawler, CLOSE_CRAWL_BUDGET)
 
     def _tick(self) -> None:
         self._follow_control()

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler, Scheduler
+from scrapy.exceptions import CloseSpider
 from scrapy.utils.misc import build_from_crawler
+from twisted.internet.task import LoopingCall
 
 from scrapy_banker.core.meta import META_CHARGED, META_GRANT, META_SLOT, existing_meta
 from scrapy_banker.core.pacing import Pacer, PacerConfig
@@ -116,6 +118,8 @@ class BankerScheduler(BaseScheduler):
             else None
         )
         self._control_poll_at = 0.0
+        #: Polls the control file even while nothing is fetched (a fully paused crawl).
+        self._control_timer: LoopingCall | None = None
         store_dead_letter = getattr(store, "dead_letter", None)
         if store_dead_letter is not None:
             polite.drain = True
@@ -192,6 +196,11 @@ class BankerScheduler(BaseScheduler):
         connect(self._request_left_downloader, signal=signals.request_left_downloader)
         if self.politeness_gate.enabled:
             connect(self._response_downloaded, signal=signals.response_downloaded)
+        if self.control is not None and self.control.counting:
+            connect(self._spider_idle, signal=signals.spider_idle)
+        if self.control_file is not None:
+            self._control_timer = LoopingCall(self._poll_control_now)
+            self._control_timer.start(CONTROL_POLL_S, now=False)
         return self.store.open(spider)
 
     def close(self, reason: str) -> Deferred[None] | None:
@@ -199,12 +208,19 @@ class BankerScheduler(BaseScheduler):
         disconnect(self._request_left_downloader, signal=signals.request_left_downloader)
         if self.politeness_gate.enabled:
             disconnect(self._response_downloaded, signal=signals.response_downloaded)
+        if self.control is not None and self.control.counting:
+            disconnect(self._spider_idle, signal=signals.spider_idle)
+        if self._control_timer is not None and self._control_timer.running:
+            self._control_timer.stop()
         now = self.clock()
         if self.gate is not None:
             self.gate.close(now)  # parked requests go back to the queue, and so to the store
         self.politeness_gate.close()
         if self.control is not None:
             self.control.close()
+            # Held over budget: pending like any queued request, saved with them.
+            for entry in self.control.take_held():
+                self.queue.requeue(entry, now)
         self._flush_politeness(now)
         self.counters.flush(now)
         self.queue.publish_stats(self.stats)
@@ -282,7 +298,7 @@ class BankerScheduler(BaseScheduler):
 
         polite = self.politeness_gate
         control = self.control
-        budgets = control is not None and control.budgets_active
+        budgets = control is not None and control.counting
         while (entry := pop(now)) is not None:
             if not store.keep(entry):
                 continue
@@ -344,6 +360,24 @@ class BankerScheduler(BaseScheduler):
             for queued, deferred in self.downloader.take_queued(slot):
                 deferred.errback(HeldBack(f"{slot} paused while {queued} waited in its slot"))
         wake_engine(self.crawler)
+
+    def _spider_idle(self, spider: Spider | None = None) -> None:
+        """The crawl would end: say why if budgets hold requests back (every mode alike).
+
+        ``CloseSpider`` from a ``spider_idle`` receiver is how Scrapy lets a
+        component name the reason; ``finished`` stays the reason of a crawl
+        that fetched everything it found.
+        """
+        control = self.control
+        reason = None if control is None else control.why_held()
+        if reason is not None and not len(self.queue):
+            raise CloseSpider(reason)
+
+    def _poll_control_now(self) -> None:
+        """The timer's poll: a change is applied (and the engine woken) within ``POLL_S``."""
+        now = self.clock()
+        if now >= self._control_poll_at - 0.05:
+            self._poll_control(now)
 
     def _poll_control(self, now: float) -> None:
         """Follow ``JOBDIR/banker/control.json`` (once a second; see

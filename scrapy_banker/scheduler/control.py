@@ -45,7 +45,38 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ControlGate"]
+__all__ = ["CLOSE_BUDGET", "CLOSE_CRAWL_BUDGET", "Charge", "ControlGate", "unused"]
+
+#: The close reason once the crawl budget is spent (every mode).
+CLOSE_CRAWL_BUDGET = "banker_crawl_budget"
+#: The close reason of a crawl that ends with requests held over a host or topic budget.
+CLOSE_BUDGET = "banker_budget"
+
+
+class Charge:
+    """What a request was charged to (``meta["banker_charged"]``), shared by its copies.
+
+    A copy made by ``Request.replace`` (a retry, a redirect, a put-back)
+    shares this object with its original; when the copy is queued the charge
+    is refunded once and marked, so the original's completion is journaled
+    as no page (:meth:`~scrapy_banker.scheduler.store.MemoryStore.refill`).
+    """
+
+    __slots__ = ("host", "refunded", "topic")
+
+    def __init__(self, host: str, topic: str) -> None:
+        self.host = host
+        self.topic = topic
+        self.refunded = False
+
+    def __repr__(self) -> str:
+        return f"Charge({self.host!r}, {self.topic!r}{', refunded' if self.refunded else ''})"
+
+
+def unused(request: Request) -> bool:
+    """Was ``request``'s charge given back (so its completion is no page of a budget)?"""
+    charged = request.meta.get(META_CHARGED)
+    return isinstance(charged, Charge) and charged.refunded
 
 
 def _nothing(slots: list[str]) -> None:
@@ -84,6 +115,7 @@ class ControlGate:
         self._wire: dict[str, float] = {}
         self._timers: dict[str, Timer] = {}
         self._limits: dict[str, int] = {}
+        self._budgets = rules.any(self.state)
 
     # -- the room check (the local queue's) ------------------------------------------
 
@@ -144,13 +176,22 @@ class ControlGate:
     # -- budgets on one node --------------------------------------------------------------
 
     def charge(self, entry: Entry[Request]) -> bool:
-        """Charge a request leaving for the downloader; False: held over a budget."""
+        """Charge a request leaving for the downloader; False: held over a budget.
+
+        Every page is counted on one node, budget or not, so a budget set
+        later (``scrapy banker budget``) counts what the crawl already
+        fetched, exactly as one given at start does.
+        """
         book = self.book
         if book is None:
             return True
+        if not self._budgets:
+            book.count(entry.slot, entry.topic)
+            entry.item.meta[META_CHARGED] = Charge(entry.slot, entry.topic)
+            return True
         reason = book.charge(entry.slot, entry.topic)
         if reason is None:
-            entry.item.meta[META_CHARGED] = (entry.slot, entry.topic)
+            entry.item.meta[META_CHARGED] = Charge(entry.slot, entry.topic)
             return True
         if not self.held:
             logger.info("Holding requests over budget (%s) until a budget is raised", reason)
@@ -161,13 +202,37 @@ class ControlGate:
     def refund(self, request: Request) -> None:
         """``request`` is scheduled again (put back, retried): its page was not the last."""
         charged = request.meta.pop(META_CHARGED, None)
-        if self.book is not None and isinstance(charged, tuple) and len(charged) == 2:
-            self.book.refund(str(charged[0]), str(charged[1]))
+        if self.book is not None and isinstance(charged, Charge) and not charged.refunded:
+            charged.refunded = True  # the original's too: its completion is no page
+            self.book.refund(charged.host, charged.topic)
             self.stats.inc_value("banker/budget/refunded")
 
     @property
     def budgets_active(self) -> bool:
-        return self.book is not None and self.rules.any(self.state)
+        """Is any budget in force (what :meth:`charge` checks beyond counting)?"""
+        return self.book is not None and self._budgets
+
+    @property
+    def counting(self) -> bool:
+        """Does this gate count pages (one node) rather than the store (a fleet)?"""
+        return self.book is not None
+
+    def why_held(self) -> str | None:
+        """The close reason of a crawl whose every pending request is held (None: none held).
+
+        ``banker_crawl_budget`` once the crawl budget is spent, else
+        ``banker_budget`` (held over a host or topic budget): the reasons a
+        fleet gives (see docs/guarantees.rst).
+        """
+        book = self.book
+        if book is not None and book.crawl_spent:
+            return CLOSE_CRAWL_BUDGET
+        return CLOSE_BUDGET if self.held else None
+
+    def take_held(self) -> list[Entry[Request]]:
+        """The requests held over budget, handed back (to be queued and saved at close)."""
+        held, self.held = self.held, []
+        return held
 
     # -- the directives -------------------------------------------------------------------
 
@@ -177,6 +242,7 @@ class ControlGate:
         self._hosts = state.hosts
         if self.book is not None:
             self.book.state = state
+        self._budgets = self.rules.any(state)
         if self.topics is not None:
             self.topics.paused = state.paused_topics
         changed = [h for h in set(old.hosts) | set(state.hosts) if old.host(h) != state.host(h)]

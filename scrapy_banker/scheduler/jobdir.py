@@ -43,11 +43,13 @@ field of the snapshot header, written at every compaction and restored at
 resume; a snapshot without it (an older version's) resumes with no state.
 They are wall-clock times, so a block promised before a stop is honoured
 after the resume.  A ``kill -9`` loses the changes since the last
-compaction (the host is asked again, and answers again).  The pages charged
-to budgets (:class:`~scrapy_banker.core.control.BudgetBook`) are the
-``"budgets"`` field, kept the same way: exact across a clean stop, while a
-``kill -9`` forgets the pages charged since the last compaction (a fleet
-counts in Redis, exactly).
+compaction (the host is asked again, and answers again).  The pages fetched,
+per host, per topic and in all, which budgets are counted against, are not
+a copy of memory: a snapshot's ``"budgets"`` field counts the pages done
+before it and each journal ``D`` record adds its pages (those not marked
+``"u"``), so a resume -- after a clean stop or a ``kill -9`` -- counts
+exactly the pages whose completion was journaled, and a request that was in
+flight at a kill is fetched and counted again once (as a fleet does).
 
 One process at a time: a crawl holds the advisory lock ``banker/lock``
 (``flock``, exclusive, never waited for) from :meth:`JobDir.restore` to
@@ -75,6 +77,7 @@ from scrapy_banker.core.files import fsync_dir
 from scrapy_banker.core.journal import (
     Enqueued,
     JournalState,
+    PageCounts,
     done_line,
     enqueue_line,
     header_line,
@@ -83,6 +86,7 @@ from scrapy_banker.core.journal import (
     seen_lines,
 )
 from scrapy_banker.core.politeness import HostState
+from scrapy_banker.errors import BankerError
 from scrapy_banker.scheduler.classifier import Classified
 from scrapy_banker.scheduler.serialize import MalformedPayload
 
@@ -121,8 +125,11 @@ LOCK = "lock"
 _NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
-class JobdirLocked(RuntimeError):
-    """Another process holds a JOBDIR's lock: a crawl runs on it (or a requeue does)."""
+class JobdirLocked(BankerError, RuntimeError):
+    """Another process holds a JOBDIR's lock: a crawl runs on it (or a requeue does).
+
+    A :class:`~scrapy_banker.errors.BankerError`: a crawl refused reports it as one line.
+    """
 
 
 class JobdirLock:
@@ -330,9 +337,13 @@ class JobDir:
         )
         self.journal_records += 1
 
-    def done(self, seqs: list[int]) -> None:
-        """Journal completed requests: one line, one write, for the batch."""
-        self._write(done_line(seqs).encode())
+    def done(self, seqs: list[int], unused: list[int] | tuple[()] = ()) -> None:
+        """Journal completed requests: one line, one write, for the batch.
+
+        ``unused``: those that are no page of a budget (a copy was queued in
+        their place, or they were dead-lettered unsent).
+        """
+        self._write(done_line(seqs, unused).encode())
         self.journal_records += len(seqs)
 
     def should_compact(self) -> bool:
@@ -367,19 +378,20 @@ class JobDir:
         out = open(self.snapshot_path + ".tmp", "w", encoding="utf-8", newline="")  # noqa: SIM115
         header = header_line(self.generation + 1, max(self.next_seq, state.next_seq),
                              len(state.live), len(state.done), topics, directory)  # fmt: skip
-        out.write(self._with_politeness(header))
+        out.write(self._with_politeness(header, state.pages))
         out.writelines(seen_lines(state.done))
         return out
 
-    def _with_politeness(self, header: str) -> str:
+    def _with_politeness(self, header: str, pages: PageCounts) -> str:
         """``header`` with the hosts' states as its ``"politeness"`` field (if any).
 
         An optional field beside :func:`~scrapy_banker.core.journal.header_line`'s:
         older versions ignore it, and a header without it means "no state".
         """
         states = None if self.politeness is None else self.politeness.to_json()
-        book = self.budgets
-        counts = None if book is None or not (book.crawl or book.hosts) else book.to_json()
+        # The pages the files say were fetched (not the memory's count, which
+        # includes requests in flight): what a resume after a kill counts from.
+        counts = pages.to_json() if pages.crawl or pages.hosts else None
         if not states and not counts:
             return header
         obj = json.loads(header)
@@ -389,19 +401,17 @@ class JobDir:
             obj["budgets"] = counts
         return json.dumps(obj, ensure_ascii=True, separators=(",", ":")) + "\n"
 
-    def _restore_budgets(self, raw: Any) -> None:
-        """Adopt the pages charged to budgets; a malformed field is reported and ignored."""
-        if self.budgets is None or raw is None:
+    def _restore_budgets(self, pages: PageCounts) -> None:
+        """Adopt the pages fetched so far (the snapshot's counts plus the journal's pages).
+
+        A malformed ``"budgets"`` field was reported by the replay as a
+        malformed line (and dead-lettered): its counts start from 0 again.
+        """
+        if self.budgets is None:
             return
-        try:
-            if not isinstance(raw, dict):
-                raise ValueError(f"expected an object, got {type(raw).__name__}")
-            self.budgets.restore(raw)
-        except ValueError as exc:
-            logger.warning("Ignoring the budget counts of %s: %s (counted from 0 again)",
-                           self.snapshot_path, exc)  # fmt: skip
-            return
-        logger.info("Resumed the budget counts: %d pages charged", self.budgets.crawl)
+        self.budgets.restore(pages.to_json())
+        if pages.crawl:
+            logger.info("Resumed the budget counts: %d pages fetched so far", pages.crawl)
 
     def _restore_politeness(self, raw: Any) -> None:
         """Adopt the header's host states; a malformed field is reported and ignored."""
@@ -502,7 +512,7 @@ class JobDir:
         if header.get("topics"):
             queue.topics.restore(header["topics"])
         self._restore_politeness(header.get("politeness"))
-        self._restore_budgets(header.get("budgets"))
+        self._restore_budgets(state.pages)
         exact = header.get("directory") is not None and not state.journal_records
         if exact:
             queue.directory = ExtendibleDirectory.from_state(header["directory"])
@@ -524,6 +534,16 @@ class JobDir:
                     dropped.add(rec.seq)
                     self._malformed(name, lineno, str(exc), line)
                     continue
+                if exact and rec.key not in queue.directory:
+                    # A snapshot whose saved directory lacks what it saved as
+                    # pending (written at a stop by a version that kept requests
+                    # held over budget out of it): count the loads afresh.
+                    logger.warning(
+                        "The saved queue directory of %s lacks queue key %r: rebuilding it "
+                        "from the pending requests", self.snapshot_path, rec.key,
+                    )  # fmt: skip
+                    queue.rebuild_directory()
+                    exact = False
                 queue.push(request, c, now, priority=rec.priority, seq=rec.seq,
                            count_load=not exact)  # fmt: skip
                 if out is not None:

@@ -29,6 +29,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.scheduler.classifier import Classified
+from scrapy_banker.scheduler.control import unused
 from scrapy_banker.scheduler.dupes import SeenURLs
 from scrapy_banker.scheduler.engine import requests_in_progress
 from scrapy_banker.scheduler.jobdir import JobDir
@@ -324,16 +325,20 @@ class MemoryStore:
         this record); without the engine's view, once its slot was released.
         """
         in_progress = requests_in_progress(self.parts.crawler)
-        done = []
+        done: list[int] = []
+        free: list[int] = []
         for request in list(self._inflight):
             if in_progress is None:
                 if request.meta.get(META_SLOT) is not None:
                     continue
             elif request in in_progress:
                 continue
-            done.append(self._inflight.pop(request))
+            seq = self._inflight.pop(request)
+            done.append(seq)
+            if unused(request):
+                free.append(seq)
         if done and self.jobdir is not None:
-            self.jobdir.done(done)
+            self.jobdir.done(done, free)
             if self.jobdir.should_compact():
                 self._compact()
 
@@ -405,7 +410,7 @@ class MemoryStore:
         jobdir.dead_letter_refused(request, reason, c, priority, fp, payload,
                                    -1 if seq is None else seq)  # fmt: skip
         if entry is not None and seq is not None:
-            jobdir.done([seq])
+            jobdir.done([seq], [seq])  # never sent: no page of a budget
 
 
 def _hex_fingerprint(fingerprinter: Any) -> Callable[[Request], str]:

@@ -363,3 +363,47 @@ def test_single_node_jobdir_status_after_sigint(tmp_path: Path) -> None:
     assert directory is not None and explain["bucket"] == directory.lookup(saved.key_hash)
     text = _banker("status", "--jobdir", str(jobdir), cwd=PROJECT)
     assert text.returncode == 0 and "Buckets" in text.stdout
+
+
+def test_control_actions_on_a_jobdir_from_the_command_line(tmp_path: Path) -> None:
+    """``pause|limit|delay|control --jobdir DIR`` outside a project (issue #31 item 7).
+
+    The JOBDIR's pending requests name the hosts the command knows (what a
+    crawl of ``http://127.0.0.1:8731/`` would have saved: slot ``127.0.0.1``).
+    """
+    from test_ops_control import make_jobdir
+
+    jobdir = str(make_jobdir(tmp_path / "job"))
+    paused = _banker("pause", "127.0.0.1:8731", "--jobdir", jobdir, cwd=tmp_path)
+    assert paused.returncode == 0, paused.stderr
+    note, line = paused.stdout.strip().splitlines()
+    assert note.startswith("Note: '127.0.0.1:8731' taken as host '127.0.0.1'")
+    assert line.startswith("pause 127.0.0.1: in force in the crawl on this JOBDIR")
+    control = json.loads((tmp_path / "job" / "banker" / "control.json").read_text())
+    assert control["hosts"] == {"127.0.0.1": {"paused": True}}
+
+    # Bad input: one line naming the argument, the value and what is allowed; nothing changed.
+    assert _error(
+        _banker("limit", "127.0.0.1", "99999999999999999999", "--jobdir", jobdir, cwd=tmp_path)
+    ) == (
+        "scrapy banker limit: limit: N must be an integer >= 1 or 'none', "
+        "got '99999999999999999999' (at most 10,000)"
+    )
+    assert "got 'nan'" in _error(_banker("delay", "a.test", "nan", "--jobdir", jobdir,
+                                         cwd=tmp_path))  # fmt: skip
+    typo = _error(_banker("pause", "http://shop.example.co:8731/", "--jobdir", jobdir,
+                          cwd=tmp_path))  # fmt: skip
+    assert "no pending request of 'shop.example.co'" in typo
+    assert "did you mean shop.example.com?" in typo
+    assert json.loads((tmp_path / "job" / "banker" / "control.json").read_text()) == control
+
+    delayed = _ok(_banker("delay", "a.test", "0.5", "--jobdir", jobdir, "--json", cwd=tmp_path))
+    assert (delayed["schema"], delayed["kind"], delayed["done"]) == (
+        1, "action-jobdir", "delay a.test 0.5",
+    )  # fmt: skip
+    shown = _ok(_banker("control", "--jobdir", jobdir, "--json", cwd=tmp_path))
+    assert (shown["schema"], shown["kind"]) == (1, "control-jobdir")
+    assert [e["verb"] for e in shown["log"]] == ["delay", "pause"]
+    text = _banker("control", "--jobdir", jobdir, cwd=tmp_path)
+    assert text.returncode == 0 and "{" not in text.stdout and "\x1b[" not in text.stdout
+    assert "pause 127.0.0.1" in text.stdout and "delay a.test 0.5" in text.stdout

@@ -11,20 +11,28 @@ dead letters (reason ``purged``, requeueable with ``scrapy banker
 deadletters --requeue``) and for ``inject`` the URLs queued like any other
 request (deduplicated fleet-wide, fetched by the spider's ``parse``, with
 a topic if given).
+
+A HOST is read as the crawl keys it (:func:`host_target`): a URL or
+``HOST:PORT`` is its download slot, the host name without port, and the
+outcome's ``notes`` say so; an unknown host is refused naming the hosts the
+operator likely meant (:func:`unknown_host`).
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from scrapy import Request
 from scrapy.utils.misc import load_object
+from w3lib.url import safe_url_string
 
-from scrapy_banker.core.control import Action, ControlError, ControlState, parse_action
+from scrapy_banker.core.control import CRAWL, Action, ControlError, ControlState, parse_action
+from scrapy_banker.core.hashing import host_of
 from scrapy_banker.core.meta import META_TOPIC
 from scrapy_banker.core.ops import EnqueueOp
 from scrapy_banker.ops.jobdir_view import jobdir_hosts_and_topics
@@ -35,7 +43,7 @@ from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.serialize import MalformedPayload, RequestCodec
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Collection, Sequence
 
     from scrapy.settings import BaseSettings
 
@@ -44,7 +52,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Controller", "JobdirController", "Outcome", "check_url"]
+__all__ = [
+    "Controller",
+    "JobdirController",
+    "Outcome",
+    "check_url",
+    "close_hosts",
+    "host_target",
+    "unknown_host",
+]
+
+#: How many known hosts an "unknown host" refusal names at most.
+HOSTS_NAMED = 5
 
 
 def check_url(url: str) -> None:
@@ -58,6 +77,103 @@ def check_url(url: str) -> None:
         raise ValueError("expected an absolute http:// or https:// URL with a host name")
 
 
+def host_target(text: str) -> tuple[str, str | None]:
+    """An operator's HOST as the crawl keys it, and a note when that changed what was typed.
+
+    The crawl keys a host by its download slot: the request URL's host name
+    -- lower-cased, IDNA-encoded, without scheme, credentials, port or path
+    (:func:`~scrapy_banker.core.hashing.host_of`).  So ``127.0.0.1:8731``,
+    ``http://127.0.0.1:8731/page`` and ``a.test/x`` are taken as
+    ``127.0.0.1`` and ``a.test``, and the note says so.  ``topic:NAME``,
+    ``crawl``, a plain host name and a bare IPv6 address are returned as
+    given; what is not a host at all is left for
+    :func:`~scrapy_banker.core.control.parse_action` to refuse.
+    """
+    given = text.strip()
+    if given == CRAWL or given.startswith("topic:"):
+        return text, None
+    if "/" not in given and given.count(":") > 1 and not given.startswith("["):
+        return text, None  # a bare IPv6 address: as given
+    head, sep, port = given.rpartition(":")
+    urlish = (
+        "://" in given
+        or "/" in given
+        or (sep and port.isascii() and port.isdigit() and head)
+        or not given.isascii()
+    )
+    if not urlish:
+        return text, None
+    url = given if "://" in given else f"http://{given}"
+    try:
+        host = host_of(safe_url_string(url))
+    except ValueError:
+        return text, None
+    if not host or host == given.lower():
+        return text, None
+    return host, (
+        f"{given!r} taken as host {host!r}: the crawl keys a host by its download slot, "
+        "the host name without scheme, port or path"
+    )
+
+
+def close_hosts(host: str, known: Collection[str], n: int = 3) -> list[str]:
+    """The known hosts an operator typing ``host`` most likely meant, best first.
+
+    Hosts of the same site (``example.com`` for ``www.example.com`` and the
+    reverse) first, then near spellings (``exmaple.com``, ``127.0.0.2``).
+    """
+    related = sorted(k for k in known if k.endswith("." + host) or host.endswith("." + k))
+    near = difflib.get_close_matches(host, list(known), n=n, cutoff=0.8)
+    return list(dict.fromkeys([*related, *near]))[:n]
+
+
+def unknown_host(host: str, given: str, known: Collection[str], where: str) -> ControlError:
+    """The refusal of a host the crawl holds no request of, naming the ones it likely meant.
+
+    ``where`` ends in "of": "this crawl has queued no request of".  ``given``:
+    the operator's words, named when they were read as another host
+    (:func:`host_target`).
+    """
+    close = close_hosts(host, known)
+    shown = list(dict.fromkeys([*close, *sorted(known)]))
+    listed = (
+        "its hosts include " + ", ".join(shown[:HOSTS_NAMED])
+        + (", ..." if len(shown) > HOSTS_NAMED else "")
+        if shown
+        else "it has no request of any host yet"
+    )  # fmt: skip
+    typed = given.strip()
+    if typed.lower() != host:
+        listed = f"read from {typed!r}; {listed}"
+    hint = f"; did you mean {' or '.join(close)}? " if close else "; "
+    return ControlError(f"HOST: {where} {host!r} ({listed}){hint}--force sets it anyway")
+
+
+class _Words:
+    """The operator's words made the crawl's (:func:`host_target`), and what was noted.
+
+    :meth:`parse` notes how it read a HOST; :meth:`execute` of the same action
+    puts the notes in its :class:`Outcome` (the dashboard calls the two in turn).
+    """
+
+    _noted: tuple[Action, list[str]] | None = None
+
+    @staticmethod
+    def _read(verb: str, args: Sequence[str]) -> tuple[list[str], list[str]]:
+        if verb == "inject" or not args:
+            return list(args), []
+        target, note = host_target(args[0])
+        return [target, *args[1:]], [] if note is None else [note]
+
+    def _note(self, action: Action, notes: list[str]) -> Action:
+        self._noted = (action, notes)
+        return action
+
+    def _notes(self, action: Action) -> list[str]:
+        noted, self._noted = self._noted, None
+        return list(noted[1]) if noted is not None and noted[0] == action else []
+
+
 @dataclass
 class Outcome:
     """What an action did."""
@@ -67,6 +183,8 @@ class Outcome:
     purged: int = 0
     injected: int = 0
     duplicates: int = 0
+    #: What the operator's words were taken as (a URL or host:port read as its host).
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -74,6 +192,8 @@ class Outcome:
             "done": self.action.describe(),
             "version": self.state.version,
         }
+        if self.notes:
+            out["notes"] = list(self.notes)
         if self.action.verb == "purge":
             out["purged"] = self.purged
         if self.action.verb == "inject":
@@ -81,7 +201,7 @@ class Outcome:
         return out
 
 
-class JobdirController:
+class JobdirController(_Words):
     """Checks and carries out operator actions on a single process's JOBDIR
     (:mod:`scrapy_banker.scheduler.control_file`)."""
 
@@ -103,20 +223,20 @@ class JobdirController:
             hosts, topics = jobdir_hosts_and_topics(self.jobdir)
         except ValueError as exc:
             raise ControlError(str(exc)) from None
-        action = parse_action(verb, args, topics=self.config.topic_names() | topics)
+        words, notes = self._read(verb, args)
+        action = parse_action(verb, words, topics=self.config.topic_names() | topics)
         target = action.target
-        is_host = target != "crawl" and not target.startswith("topic:")
+        is_host = target != CRAWL and not target.startswith("topic:")
         if is_host and not force and target not in hosts:
-            raise ControlError(
-                f"HOST: the JOBDIR holds no pending request of {target!r}; --force sets it anyway"
-            )
-        return action
+            raise unknown_host(target, args[0], hosts, "the JOBDIR holds no pending request of")
+        return self._note(action, notes)
 
     def execute(self, action: Action, *, who: str, now: float) -> Outcome:
-        return Outcome(action, self.file.act(action, who=who, now=now))
+        notes = self._notes(action)
+        return Outcome(action, self.file.act(action, who=who, now=now), notes=notes)
 
 
-class Controller:
+class Controller(_Words):
     """Checks and carries out operator actions on the fleet of ``frontier``."""
 
     def __init__(self, frontier: RedisFrontier, config: BankerConfig, fingerprinter: Any) -> None:
@@ -146,24 +266,21 @@ class Controller:
     ) -> Action:
         """The checked action; :class:`ControlError` names what is wrong (nothing changed)."""
         topics = self.config.topic_names() | self.channel.known_topics()
-        action = parse_action(verb, args, topics=topics, topic=topic, check_url=check_url)
+        words, notes = self._read(verb, args)
+        action = parse_action(verb, words, topics=topics, topic=topic, check_url=check_url)
         target = action.target
-        is_host = target and target != "crawl" and not target.startswith("topic:")
+        is_host = target and target != CRAWL and not target.startswith("topic:")
         if is_host and not force and not self.channel.known(target):
-            known = sorted(self.channel.known_hosts())
-            hint = ", ".join(known[:5]) + (", ..." if len(known) > 5 else "")
-            raise ControlError(
-                f"HOST: this crawl has queued no request of {target!r}"
-                + (f" (its hosts include {hint})" if known else " (it has queued nothing yet)")
-                + "; --force sets it anyway"
-            )
-        return action
+            known = self.channel.known_hosts()
+            raise unknown_host(target, args[0], known, "this crawl has queued no request of")
+        return self._note(action, notes)
 
     # -- doing --------------------------------------------------------------------------
 
     def execute(self, action: Action, *, who: str, now: float) -> Outcome:
         """Carry out ``action`` (checked by :meth:`parse`) and log it."""
-        outcome = Outcome(action, self.channel.act(action, who=who, now=now))
+        notes = self._notes(action)
+        outcome = Outcome(action, self.channel.act(action, who=who, now=now), notes=notes)
         if action.verb == "purge":
             outcome.purged = self._purge(action.target)
         elif action.verb == "inject":

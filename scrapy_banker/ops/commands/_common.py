@@ -11,7 +11,7 @@ retries, and a server that does not answer is one line naming the URL
 Stable for the other subcommands (plot, dashboard) to import:
 :func:`add_target_arguments`, :func:`spider_name`, :func:`redis_settings`,
 :func:`connect`, :func:`redis_errors`, :func:`safe_url`, :func:`jobdir_of`, :func:`emit_json`,
-:func:`console`.
+:func:`json_document`, :func:`console`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from scrapy_banker.ops.commands import CommandError
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
     import redis
     from redis.cluster import RedisCluster
@@ -46,6 +46,7 @@ __all__ = [
     "fleet_configured",
     "jobdir_of",
     "jobdir_or_fleet",
+    "json_document",
     "redis_errors",
     "redis_settings",
     "safe_url",
@@ -243,6 +244,18 @@ def emit_json(data: Any) -> None:
     """One JSON document on stdout (what ``--json`` prints)."""
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
+
+
+def json_document(kind: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``--json`` document: ``"schema"`` and ``"kind"`` first, then ``fields``.
+
+    What ``docs/ops/commands.rst`` promises of every command's JSON: the
+    schema version (:data:`~scrapy_banker.ops.fleet_view.SCHEMA_VERSION`,
+    fields only ever added within it) and what kind of document it is.
+    """
+    from scrapy_banker.ops.fleet_view import SCHEMA_VERSION
+
+    return {"schema": SCHEMA_VERSION, "kind": kind, **fields}
 
 
 def console() -> Console:

@@ -5,8 +5,12 @@ Each action changes the fleet's control document in Redis
 heartbeat, so it is in force fleet-wide within a heartbeat and survives
 rebalances.  Bad input -- an unknown host (``--force`` to set it anyway), a
 malformed URL, a negative budget, a topic the crawl does not have -- is one
-line on stderr, exit code 2, nothing changed.  ``control`` shows the
-directives in force, the budget counts and the log of actions.
+line on stderr, exit code 2, nothing changed; a URL or ``HOST:PORT`` is
+taken as its host (the crawl keys hosts by download slot: the host name,
+without port), which the output says.  ``control`` shows the directives in
+force, the budget counts and the log of actions (local time, who, what).
+``--json`` prints one document with ``"schema"`` and ``"kind"``, as every
+``scrapy banker`` command does.
 
 A single process with ``JOBDIR`` (``--jobdir DIR``, or the ``JOBDIR``
 setting when no fleet is configured) gets the same directives through a
@@ -19,11 +23,13 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import socket
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.core.control import VERBS, ControlError
+from scrapy_banker.core.control import VERBS, Action, ControlError
 from scrapy_banker.ops.commands import CommandError
 from scrapy_banker.ops.commands._common import (
     add_target_arguments,
@@ -31,6 +37,7 @@ from scrapy_banker.ops.commands._common import (
     console,
     emit_json,
     jobdir_or_fleet,
+    json_document,
     redis_errors,
     redis_settings,
     safe_url,
@@ -42,8 +49,9 @@ if TYPE_CHECKING:
     from rich.console import Console
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.core.control import ControlState
+    from scrapy_banker.core.control import BudgetRules, ControlState
     from scrapy_banker.ops.control import Controller, JobdirController
+    from scrapy_banker.redis.control import BudgetCounts
 
 #: Subcommand -> one line of help.
 HELPS = {
@@ -56,6 +64,8 @@ HELPS = {
     "inject": "Queue seed URLs in the running fleet (deduplicated), optionally with --topic",
     "control": "Show the directives in force, the budget counts and the log of actions",
 }
+#: The hosts ``control`` lists budget counts of (most held, then most charged, first).
+HOSTS_SHOWN = 20
 
 
 def add_arguments_for(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -157,21 +167,30 @@ def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int
             outcome = controller.execute(action, who=_who(), now=time.time())
         except (ControlError, OSError) as exc:
             raise CommandError(str(exc)) from None
+    fleet = isinstance(controller, Controller)
     if opts.json:
-        emit_json(outcome.to_json())
+        where = (
+            {"prefix": controller.channel.keyspace.prefix} if isinstance(controller, Controller)
+            else {"jobdir": controller.jobdir}
+        )  # fmt: skip
+        fields = {**where, **outcome.to_json(), "notes": outcome.notes}
+        emit_json(json_document("action" if fleet else "action-jobdir", fields))
         return 0
-    where = (
-        "fleet-wide within a heartbeat" if isinstance(controller, Controller)
-        else "in the crawl on this JOBDIR within a second"
-    )  # fmt: skip
+    where_text = (
+        "fleet-wide within a heartbeat" if fleet else "in the crawl on this JOBDIR within a second"
+    )
     line = (
-        f"{outcome.action.describe()}: in force {where} (control version {outcome.state.version})"
+        f"{outcome.action.describe()}: in force {where_text} "
+        f"(control version {outcome.state.version})"
     )
     if verb == "purge":
         line += f"; {outcome.purged} queued requests dead-lettered (reason 'purged')"
     if verb == "inject":
         line += f"; {outcome.injected} queued, {outcome.duplicates} already seen"
-    console().print(line)
+    out = console()
+    for note in outcome.notes:
+        out.print(f"Note: {note}", markup=False)
+    out.print(line, markup=False)
     return 0
 
 
@@ -193,25 +212,15 @@ def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
         log = channel.log(opts.last) if opts.last else []
     rules = controller.config.budgets()
     if opts.json:
-        emit_json({
-            "kind": "control", "prefix": channel.keyspace.prefix, "state": state.to_json(),
+        emit_json(json_document("control", {
+            "prefix": channel.keyspace.prefix, "state": state.to_json(),
             "counts": counts.to_json(), "log": log,
-        })  # fmt: skip
+        }))  # fmt: skip
         return 0
     out = console()
     _print_directives(out, f"{channel.keyspace.prefix!r}", state)
-    crawl = rules.crawl_budget(state)
-    if crawl is not None:
-        out.print(f"  crawl budget {crawl}: {counts.crawl} pages charged")
-    for host in sorted(set(counts.hosts) | set(counts.held)):
-        budget = rules.host(host, state)
-        out.print(
-            f"  {host}: {counts.hosts.get(host, 0)} pages charged"
-            + ("" if budget is None else f" of {budget}")
-            + (f", {counts.held[host]} held over budget" if counts.held.get(host) else "")
-        )
-    for entry in log:
-        out.print(f"  log: {entry}")
+    _print_budgets(out, rules, state, counts, controller.config.topic_names())
+    _print_log(out, log, opts.last)
     return 0
 
 
@@ -222,22 +231,139 @@ def _show_jobdir(opts: argparse.Namespace, controller: JobdirController) -> int:
         raise CommandError(str(exc)) from None
     log = controller.file.log(opts.last)
     if opts.json:
-        emit_json({
-            "kind": "control", "jobdir": controller.jobdir, "state": state.to_json(), "log": log,
-        })  # fmt: skip
+        emit_json(json_document("control-jobdir", {
+            "jobdir": controller.jobdir, "state": state.to_json(), "log": log,
+        }))  # fmt: skip
         return 0
     out = console()
     _print_directives(out, f"JOBDIR {controller.jobdir}", state)
-    if state.crawl_budget is not None:
-        out.print(f"  crawl budget {state.crawl_budget}")
-    for entry in log:
-        out.print(f"  log: {entry}")
+    _print_log(out, log, opts.last)
     return 0
 
 
+def _table(title: str, *columns: str) -> Any:
+    """A Rich table whose first column is left-aligned text, the others right-aligned."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 or name in ("who", "action") else "right")
+    return table
+
+
+def _row(table: Any, *cells: object) -> None:
+    """A row of plain text: a host or a who is never Rich markup."""
+    from rich.text import Text
+
+    table.add_row(*(Text(str(c)) for c in cells))
+
+
 def _print_directives(out: Console, what: str, state: ControlState) -> None:
-    out.print(f"Control of {what}, version {state.version}")
+    """The directives in force: one row per host, topic and the crawl, unset cells blank."""
+    rows = len(state.hosts) + len(state.topics) + (state.crawl_budget is not None)
+    out.print(
+        f"Control of {what}, version {state.version}: "
+        + (f"{rows} target(s) with directives" if rows else "no directives in force"),
+        markup=False,
+    )
+    if not rows:
+        return
+    table = _table("Directives", "target", "paused", "limit", "delay s", "budget")
     for host, hc in sorted(state.hosts.items()):
-        out.print(f"  host {host}: " + ", ".join(f"{k}={v}" for k, v in vars(hc).items()))
+        _row(
+            table, host, "yes" if hc.paused else "", "" if hc.limit is None else hc.limit,
+            f"{hc.delay:g}" if hc.delay else "", "" if hc.budget is None else hc.budget,
+        )  # fmt: skip
     for topic, tc in sorted(state.topics.items()):
-        out.print(f"  topic {topic}: " + ", ".join(f"{k}={v}" for k, v in vars(tc).items()))
+        budget = "" if tc.budget is None else tc.budget
+        _row(table, f"topic:{topic}", "yes" if tc.paused else "", "", "", budget)
+    if state.crawl_budget is not None:
+        _row(table, "crawl", "", "", "", state.crawl_budget)
+    out.print(table)
+
+
+def _print_budgets(
+    out: Console,
+    rules: BudgetRules,
+    state: ControlState,
+    counts: BudgetCounts,
+    topics: set[str] | frozenset[str],
+) -> None:
+    """Pages charged against each budget (the operator's, else the settings'), and held."""
+    crawl = rules.crawl_budget(state)
+    topic_rows = sorted(
+        t for t in set(counts.topics) | set(topics) | set(state.topics)
+        if counts.topics.get(t) or rules.topic(t, state) is not None
+    )  # fmt: skip
+    every = set(counts.hosts) | set(counts.held)
+    every |= {h for h, c in state.hosts.items() if c.budget is not None}
+    hosts = sorted(every, key=lambda h: (-counts.held.get(h, 0), -counts.hosts.get(h, 0), h))
+    if crawl is None and not counts.crawl and not topic_rows and not hosts:
+        out.print("Budgets: none in force, no page charged", markup=False)
+        return
+
+    def budget(value: int | None) -> str:
+        return "none" if value is None else str(value)
+
+    table = _table("Budgets (pages)", "target", "budget", "charged", "held")
+    done = f" ({counts.crawl_done} done)" if counts.crawl_done else ""
+    _row(table, "crawl", budget(crawl), f"{counts.crawl}{done}", sum(counts.held.values()))
+    for t in topic_rows:
+        _row(table, f"topic:{t}", budget(rules.topic(t, state)), counts.topics.get(t, 0), "")
+    for h in hosts[:HOSTS_SHOWN]:
+        _row(table, h, budget(rules.host(h, state)), counts.hosts.get(h, 0),
+             counts.held.get(h, 0))  # fmt: skip
+    out.print(table)
+    if len(hosts) > HOSTS_SHOWN:
+        out.print(
+            f"{len(hosts) - HOSTS_SHOWN} more hosts with pages charged; --json lists them all",
+            markup=False,
+        )
+
+
+def _print_log(out: Console, log: list[dict[str, Any]], last: int) -> None:
+    """The action log, newest first: local time (ISO 8601), who, what, the version it made."""
+    if not log:
+        out.print("No action logged" if last else "Action log not shown (--last 0)", markup=False)
+        return
+    table = _table(f"Actions (newest first, last {last})", "when", "who", "action", "version")
+    for entry in log:
+        if "unreadable" in entry:
+            _row(table, "", "", f"unreadable log line: {entry['unreadable']}", "")
+            continue
+        _row(table, when(entry.get("at")), entry.get("who", ""), logged_action(entry),
+             entry.get("version", ""))  # fmt: skip
+    out.print(table)
+
+
+def when(at: object) -> str:
+    """A log entry's time stamp (s since the epoch) as local ISO 8601 time, to the second."""
+    if isinstance(at, bool) or not isinstance(at, (int, float)):
+        return "" if at is None else str(at)
+    try:
+        return datetime.fromtimestamp(at).astimezone().isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return str(at)
+
+
+_MORE = re.compile(r"\.\.\. (\d+) more")
+
+
+def logged_action(entry: dict[str, Any]) -> str:
+    """A log entry's action in words (:meth:`Action.describe`), or the entry as it is."""
+    try:
+        urls = [str(u) for u in entry.get("urls", ())]
+        # The log keeps an inject's first 20 URLs and "... N more".
+        more = _MORE.fullmatch(urls[-1]) if urls else None
+        if more is not None:
+            urls = urls[:-1] + [""] * int(more.group(1))
+        value = entry.get("value")
+        action = Action(
+            str(entry["verb"]), str(entry.get("target", "")),
+            None if value is None else float(value) if isinstance(value, float) else int(value),
+            tuple(urls), entry.get("topic"),
+        )  # fmt: skip
+        return action.describe()
+    except (KeyError, TypeError, ValueError):
+        fields = {k: v for k, v in entry.items() if k not in ("at", "who", "version")}
+        return json.dumps(fields, sort_keys=True)

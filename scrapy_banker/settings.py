@@ -9,7 +9,9 @@ fields, so adding a setting means one line here and one section in
 
 A bad value is reported at start-up with the setting's name, the value it got
 and what is allowed, instead of surfacing as an obscure failure hours into a
-crawl.  Components go through :func:`core_config`, :func:`redis_config` and
+crawl: a :class:`~scrapy_banker.errors.BankerConfigError` (a ``ValueError``),
+which a crawl reports as one line (:mod:`scrapy_banker.errors`).  Components
+go through :func:`core_config`, :func:`redis_config` and
 :func:`placement_config`, which parse once per crawler, so a crawl validates
 its settings once however many components read them.  This module
 deliberately imports nothing from Scrapy: it only needs an object with
@@ -31,6 +33,7 @@ from scrapy_banker.core.control import BudgetRules
 from scrapy_banker.core.hashing import KEY_POLICIES
 from scrapy_banker.core.politeness import PolitenessConfig
 from scrapy_banker.core.topics import TopicSpec
+from scrapy_banker.errors import BankerConfigError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -149,8 +152,8 @@ _TOPIC_KEYS = frozenset({"priority", "slice", "target", "budget"})
 _RULE_KEYS = frozenset({"url", "callback", "topic"})
 
 
-def _bad(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"Invalid {name}={value!r}: {allowed}")
+def _bad(name: str, value: Any, allowed: str) -> BankerConfigError:
+    return BankerConfigError(f"Invalid {name}={value!r}: {allowed}")
 
 
 def _as_topic_name(name: str, value: Any) -> str:
@@ -269,9 +272,11 @@ def _optional_path(name: str, value: Any, ctx: Context) -> str | None:
 def _optional_port(name: str, value: Any, ctx: Context) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+    # -s BANKER_METRICS_PORT=0: the command line gives strings.
+    port = int(value) if isinstance(value, str) and value.strip().isdecimal() else value
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise _bad(name, value, "expected a TCP port 0-65535 (0: any free port) or None (off)")
-    return value
+    return port
 
 
 def _bind_address(name: str, value: Any, ctx: Context) -> str:
@@ -294,7 +299,7 @@ def _optional_token(name: str, value: Any, ctx: Context) -> str | None:
             if isinstance(value, str)
             else (f"<{type(value).__name__}>")
         )
-        raise ValueError(
+        raise BankerConfigError(
             f"Invalid {name}={shown}: expected None (no actions) or a printable string "
             "of 16+ characters"
         )
@@ -367,7 +372,12 @@ def _topics(name: str, value: Any, ctx: Context) -> dict[str, TopicSpec]:
         where = f"{name}[{topic!r}]"
         _as_topic_name(where, topic)
         if not isinstance(spec, Mapping):
-            spec = {"priority": spec}
+            try:
+                spec = {"priority": _as_int(where, spec)}
+            except ValueError:
+                keys = sorted(_TOPIC_KEYS)
+                allowed = f"expected an integer priority, or a dict with keys from {keys}"
+                raise _bad(where, spec, allowed) from None
         unknown = set(spec) - _TOPIC_KEYS
         if unknown:
             raise _bad(
@@ -379,7 +389,7 @@ def _topics(name: str, value: Any, ctx: Context) -> dict[str, TopicSpec]:
             _as_positive_int(f"{where}['budget']", budget, 0)
         out[topic] = TopicSpec(
             name=topic,
-            priority=_as_int(where, spec.get("priority", 0)),
+            priority=_as_int(f"{where}['priority']", spec.get("priority", 0)),
             slice_s=_as_float(f"{where}['slice']", spec.get("slice", default_slice), 0.0),
             target=None if target is None else _as_positive_int(f"{where}['target']", target, 0),
             budget=None if budget is None else _as_positive_int(f"{where}['budget']", budget, 0),
@@ -838,12 +848,12 @@ def _load(section: type[_S], ctx: Context) -> _S:
 
 
 def load_config(settings: SettingsLike) -> BankerConfig:
-    """Validate every ``BANKER_*`` setting; raise ``ValueError`` naming the culprit."""
+    """Validate every ``BANKER_*`` setting; :class:`BankerConfigError` naming the culprit."""
     return _load(BankerConfig, Context(settings))
 
 
 def load_redis_config(settings: SettingsLike, spider_name: str = "spider") -> RedisConfig:
-    """Validate the ``BANKER_REDIS_*`` settings; ``ValueError`` naming the culprit."""
+    """Validate the ``BANKER_REDIS_*`` settings; :class:`BankerConfigError` naming the culprit."""
     return _load(RedisConfig, Context(settings, spider_name))
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
+from scrapy_banker.errors import BankerConfigError
 from scrapy_banker.settings import (
     DEFAULTS,
     SETTINGS,
@@ -92,6 +93,20 @@ def test_rules_first_match_wins_and_fall_back_to_default() -> None:
         ({"BANKER_TOPICS": "{not json"}, r"BANKER_TOPICS=.*not valid JSON"),
         ({"BANKER_TOPICS": {"news": "high"}}, r"BANKER_TOPICS\['news'\]='high'.*integer"),
         ({"BANKER_TOPICS": {"news": True}}, r"BANKER_TOPICS\['news'\]=True.*integer"),
+        # Both forms are said (#31): an integer priority or a dict of the keys.
+        (
+            {"BANKER_TOPICS": {"a": "x"}},
+            r"BANKER_TOPICS\['a'\]='x': expected an integer priority, or a dict with keys "
+            r"from \['budget', 'priority', 'slice', 'target'\]$",
+        ),
+        (
+            {"BANKER_TOPICS": '{"a": "x"}'},
+            r"BANKER_TOPICS\['a'\]='x': expected an integer priority, or a dict",
+        ),
+        (
+            {"BANKER_TOPICS": {"a": {"priority": "x"}}},
+            r"BANKER_TOPICS\['a'\]\['priority'\]='x': expected an integer$",
+        ),
         ({"BANKER_TOPICS": {"bad name": 1}}, r"BANKER_TOPICS\['bad name'\].*topic name"),
         ({"BANKER_TOPICS": {"news": {"prio": 1}}}, r"unknown key\(s\) \['prio'\]"),
         ({"BANKER_TOPIC_RULES": {"url": "x"}}, r"BANKER_TOPIC_RULES=.*list"),
@@ -151,7 +166,8 @@ def test_rules_first_match_wins_and_fall_back_to_default() -> None:
 def test_invalid_values_name_setting_value_and_allowed(
     settings: dict[str, Any], pattern: str
 ) -> None:
-    with pytest.raises(ValueError, match=pattern):
+    # A BankerConfigError (a ValueError): a crawl reports it as one line (test_errors.py).
+    with pytest.raises(BankerConfigError, match=pattern):
         load_config(settings)
 
 
@@ -244,7 +260,7 @@ def test_redis_settings_defaults_and_interpolation() -> None:
     ],
 )
 def test_bad_redis_settings_name_the_setting(name: str, value: object, message: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(message)) as info:
+    with pytest.raises(BankerConfigError, match=re.escape(message)) as info:
         load_redis_config({name: value}, "shop")
     assert name in str(info.value)
 
@@ -253,7 +269,8 @@ def test_bad_redis_settings_name_the_setting(name: str, value: object, message: 
     ("name", "value", "allowed"),
     [
         ("BANKER_METRICS_PORT", 70000, "TCP port 0-65535"),
-        ("BANKER_METRICS_PORT", "9100", "TCP port 0-65535"),
+        ("BANKER_METRICS_PORT", "70000", "TCP port 0-65535"),
+        ("BANKER_METRICS_PORT", "port 80", "TCP port 0-65535"),
         ("BANKER_METRICS_BIND", "localhost:80", "IP address"),
         ("BANKER_METRICS_TOP_SLOTS", -1, ">= 0"),
         ("BANKER_TIMESERIES_INTERVAL", 0, "> 0"),
@@ -263,7 +280,7 @@ def test_bad_redis_settings_name_the_setting(name: str, value: object, message: 
 def test_bad_operations_settings_fail_naming_the_setting(
     name: str, value: Any, allowed: str
 ) -> None:
-    with pytest.raises(ValueError, match=name) as info:
+    with pytest.raises(BankerConfigError, match=name) as info:
         load_ops_config({name: value})
     assert allowed in str(info.value)
 
@@ -274,11 +291,13 @@ def test_operations_settings_parse() -> None:
          "BANKER_DASHBOARD_TOKEN": "s3cret-token-0123456789", "BANKER_PROGRESS": "true"}
     )  # fmt: skip
     assert (config.metrics_port, config.metrics_bind, config.progress) == (0, "0.0.0.0", True)
+    # From the command line (-s BANKER_METRICS_PORT=9100, as docs/tutorial.rst says) a string.
+    assert load_ops_config({"BANKER_METRICS_PORT": "9100"}).metrics_port == 9100
     assert config.dashboard_token == "s3cret-token-0123456789"
     assert OpsConfig().metrics_port is None and OpsConfig().dashboard_token is None
 
 
 def test_a_bad_dashboard_token_is_not_echoed() -> None:
-    with pytest.raises(ValueError, match="BANKER_DASHBOARD_TOKEN=<str of length 9>") as info:
+    with pytest.raises(BankerConfigError, match="BANKER_DASHBOARD_TOKEN=<str of length 9>") as info:
         load_ops_config({"BANKER_DASHBOARD_TOKEN": "hunter2!!"})
     assert "hunter2" not in str(info.value)

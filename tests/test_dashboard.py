@@ -12,13 +12,24 @@ Run-time control (issue #27): ``POST /api/control`` over real HTTP against a
 real redis-server -- refused (403, 401, 400 with the reason, 413) without
 changing the control document, carried out and logged with the right token --
 and the page's control form driven in headless Chromium.
+
+A single process (issue #31): ``scrapy banker dashboard --jobdir DIR`` on the
+JOBDIR of a real crawl of ``example_project`` (stopped with SIGINT, and one
+still running): the state JSON is the JOBDIR's read model, nothing changes
+without the token, and ``pause HOST`` lands in ``JOBDIR/banker/control.json``
+and its log through the same code as ``scrapy banker pause HOST --jobdir``,
+which the running crawl follows; the page in headless Chromium.  Without
+``--jobdir`` and ``REDIS_URL`` the command says what every command says and
+exits 2.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,12 +41,18 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import ROOT, run
+from conftest import PROJECT, ROOT, child_env, run
 
 from scrapy_banker.core.control import ControlState
+from scrapy_banker.core.hashing import bkdr
+from scrapy_banker.core.journal import enqueue_line
 from scrapy_banker.ops.dashboard.history import RateHistory
+from scrapy_banker.ops.jobdir_view import read_jobdir
 from scrapy_banker.redis.control import ControlChannel
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.scheduler.control_file import CONTROL_FILE, CONTROL_LOG, ControlFile
+from scrapy_banker.scheduler.jobdir import JobdirLock
+from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer, free_port
@@ -67,15 +84,27 @@ CHROMIUM_ARGS = [
 
 
 class Dashboard:
-    """``scrapy banker dashboard`` as a real process; its URL read from what it prints."""
+    """``scrapy banker dashboard`` as a real process; its URL read from what it prints.
 
-    def __init__(self, redis_url: str, *extra: str, bind: str | None = None) -> None:
+    On the fleet at ``redis_url``, or with ``jobdir`` on a single process's JOBDIR.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None,
+        *extra: str,
+        bind: str | None = None,
+        jobdir: str | Path | None = None,
+    ) -> None:
         self.port = free_port()
-        args = [*COMMAND, "fleet", "--port", str(self.port)]
+        args = [*COMMAND, "fleet" if jobdir is None else f"--jobdir={jobdir}"]
+        args += ["--port", str(self.port)]
         if bind is not None:
             args += ["--bind", bind]
-        args += ["--refresh", "0.5", "-s", f"REDIS_URL={redis_url}"]
-        args += ["-s", f"BANKER_REDIS_PARTITIONS={PARTITIONS}", *extra]
+        args += ["--refresh", "0.5"]
+        if redis_url is not None:
+            args += ["-s", f"REDIS_URL={redis_url}", "-s", f"BANKER_REDIS_PARTITIONS={PARTITIONS}"]
+        args += extra
         self.proc = subprocess.Popen(
             args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -422,6 +451,289 @@ def test_redis_unreachable_at_start_is_one_line_and_exit_2(tmp_path: Path) -> No
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+# -- a single process: --jobdir DIR ---------------------------------------------------------
+
+#: ``scrapy banker`` as an operator types it.
+BANKER = [SCRAPY, "banker"]
+ACTIONS_DISABLED = {"error": "actions disabled: set BANKER_DASHBOARD_TOKEN"}
+#: Four hosts, one request at a time each, 150 ms a page: ~15 s for the whole farm.
+JOBDIR_FARM = FarmConfig(seed=3, hosts=4, total_pages=400, latency_ms=150.0)
+
+
+def _crawl(farm: WebFarm, jobdir: Path) -> subprocess.Popen[str]:
+    """``scrapy crawl farm`` of example_project with ``JOBDIR``: one process, no Redis."""
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join((str(PROJECT), env["PYTHONPATH"]))
+    return subprocess.Popen(
+        [SCRAPY, "crawl", "farm", "-a", f"port={farm.port}", "-a", "hosts=4",
+         "-s", f"JOBDIR={jobdir}", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=1",
+         "-s", "LOG_LEVEL=WARNING"],
+        cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def _stop(crawl: subprocess.Popen[str]) -> int:
+    """SIGINT (a clean stop: the JOBDIR is compacted), then wait."""
+    if crawl.poll() is None:
+        crawl.send_signal(signal.SIGINT)
+        try:
+            return crawl.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            crawl.kill()
+    return crawl.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def crawled_jobdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The JOBDIR of a real crawl stopped after 30 pages: requests of 4 hosts pending."""
+    jobdir = tmp_path_factory.mktemp("crawled") / "job"
+    with WebFarm(JOBDIR_FARM) as farm:
+        crawl = _crawl(farm, jobdir)
+        try:
+            deadline = time.monotonic() + 60
+            while farm.stats()["requests"] < 30:
+                assert crawl.poll() is None, crawl.communicate()[1]
+                assert time.monotonic() < deadline, "the crawl made no progress"
+                time.sleep(0.1)
+        finally:
+            code = _stop(crawl)
+    assert code == 0, crawl.communicate()[1]
+    return jobdir
+
+
+@pytest.fixture
+def jobdir(crawled_jobdir: Path, tmp_path: Path) -> Path:
+    """A copy of the crawled JOBDIR for the test alone (its actions write to it)."""
+    copy = tmp_path / "job"
+    shutil.copytree(crawled_jobdir, copy)
+    return copy
+
+
+def _plant_dead_letters(jobdir: Path, host: str) -> str:
+    """Two letters, as a resume and a clean stop write them: one requeueable, one not.
+
+    The first carries the journal ``E`` record of a request nothing else
+    holds (what a resume could not read back); the second is a request only
+    memory held at a clean stop.  Returns the first one's URL.
+    """
+    from scrapy import Request
+    from scrapy.utils.request import RequestFingerprinter
+
+    url = f"http://{host}/planted-dead-letter"
+    request = Request(url)
+    line = enqueue_line(
+        9_999_999, RequestFingerprinter().fingerprint(request).hex(), "news", host, host,
+        bkdr(host), 0, RequestCodec().encode(request),
+    )  # fmt: skip
+    restore = {"when": "restore", "file": "journal-0.jsonl", "line": 1,
+               "error": "callback 'parse_later' is missing",
+               "payload": line.rstrip("\n")}  # fmt: skip
+    save = {"when": "save", "url": f"http://{host}/memory-only", "method": "POST",
+            "error": "not serializable"}  # fmt: skip
+    with open(jobdir / "banker-deadletter.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(restore) + "\n" + json.dumps(save) + "\n")
+    return url
+
+
+def _files(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with a digest of its content."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_jobdir_mode_shows_the_jobdir_and_changes_nothing_without_a_token(
+    jobdir: Path, dashboards: list[Dashboard]
+) -> None:
+    before = _files(jobdir)
+    dash = Dashboard(None, jobdir=jobdir)
+    dashboards.append(dash)
+    assert f"dashboard for JOBDIR {jobdir}: http://127.0.0.1:" in dash.banner
+    assert "read-only" in dash.banner
+    state = dash.state()
+    assert state["error"] is None and state["fleet"] is None
+    server = state["server"]
+    assert (server["mode"], server["jobdir"]) == ("jobdir", str(jobdir))
+    assert server["actions"] == {
+        "enabled": False, "requeue": False, "pause": False, "control": False,
+    }  # fmt: skip
+    # purge and inject need a crawl on Redis: the page does not offer them.
+    assert set(server["verbs"]) == {"pause", "resume", "limit", "delay", "budget"}
+    # The JOBDIR's read model, as scrapy banker status --jobdir reads it.
+    shown = state["jobdir"]
+    view = read_jobdir(str(jobdir), top=20).to_json()
+    assert {k: shown[k] for k in view} == view
+    assert shown["queued"] > 0 and shown["pending"] == shown["queued"]
+    hosts = [s["slot"] for s in shown["top_slots"]]
+    assert hosts and all(h.endswith(".farm.test") for h in hosts), hosts
+    assert sum(s["queued"] for s in shown["top_slots"]) == shown["queued"]  # 4 hosts: all shown
+    assert shown["done"] == shown["seen"] - shown["pending"] > 0
+    written = max(p.stat().st_mtime for p in (jobdir / "banker").glob("*.jsonl"))
+    assert shown["written_at"] == pytest.approx(written)
+    assert state["dead_letters"] == [] and shown["dead_letters"] == 0
+    control = state["control"]
+    assert control["state"] == {"version": 0} and control["error"] is None
+    assert control["counts"] is None and control["log"] == []
+    # No token configured: every POST is refused, whatever it carries.
+    pause = {"verb": "pause", "args": [hosts[0]]}
+    for headers in ({}, {"Authorization": f"Bearer {TOKEN}"}):
+        for path, body in (("/api/control", pause), ("/api/deadletters/requeue", {"count": "all"})):
+            status, data = dash.post(path, body, headers)
+            assert (status, data) == (403, ACTIONS_DISABLED), (path, headers)
+    # Another Host than this machine reads nothing.
+    assert dash.get("/api/state", {"Host": f"evil.example:{dash.port}"})[0] == 403
+    # Read at every refresh: the rates come from the requests done.
+    _until("three reads", lambda: dash.state()["reads"] >= 3)
+    assert set(dash.state()["rates"]["series"]) == {"done", "*"}
+    # Nothing written: no control file, no log, the journal as it was.
+    assert _files(jobdir) == before
+    assert not (jobdir / "banker" / CONTROL_FILE).exists()
+
+
+@pytest.mark.slow
+def test_jobdir_mode_acts_through_the_control_file_with_the_token(
+    jobdir: Path, dashboards: list[Dashboard]
+) -> None:
+    host = read_jobdir(str(jobdir)).top_slots[0][0]
+    planted = _plant_dead_letters(jobdir, host)
+    dash = Dashboard(None, "-s", f"BANKER_DASHBOARD_TOKEN={TOKEN}", jobdir=jobdir)
+    dashboards.append(dash)
+    assert "actions enabled" in dash.banner
+    state = dash.state()
+    assert state["server"]["actions"]["control"] is True
+    assert state["jobdir"]["top_slots"][0]["slot"] == host
+    pending = state["jobdir"]["pending"]
+    # The dead letters, as scrapy banker deadletters --jobdir lists them.
+    assert state["jobdir"]["dead_letters"] == 2
+    restore, save = state["dead_letters"]
+    assert (restore["line"], restore["when"], restore["url"]) == (1, "restore", planted)
+    assert restore["requeueable"] is True and save["requeueable"] is False
+    control_file = jobdir / "banker" / CONTROL_FILE
+    log_file = jobdir / "banker" / CONTROL_LOG
+    pause = {"verb": "pause", "args": [host]}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        status, data = dash.post("/api/control", pause, headers)
+        assert status == 401 and "token" in data["error"], (headers, data)
+    assert not control_file.exists() and not log_file.exists()
+    good = {"Authorization": f"Bearer {TOKEN}"}
+
+    # Refused as the command line refuses, in its words; nothing written.
+    said = run([*BANKER, "purge", host, "--jobdir", str(jobdir)], expect=2).stderr.strip()
+    assert said.startswith("scrapy banker purge: "), said
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"verb": "purge", "args": [host]}, said.removeprefix("scrapy banker purge: ")),
+        ({"verb": "inject", "args": [f"http://{host}/x"]}, "inject needs a crawl that runs on"),
+        ({"verb": "pause", "args": ["nowhere.example"]}, "no pending request of 'nowhere.example'"),
+        ({"verb": "budget", "args": [host, "-1"]}, "N must be an integer >= 0"),
+        ({"verb": "pause", "args": ["topic:nope"]}, "no topic 'nope'"),
+    ]  # fmt: skip
+    for body, message in refused:
+        status, data = dash.post("/api/control", body, good)
+        assert status == 400 and message in data["error"], (body, data)
+    status, data = dash.post("/api/control", refused[0][0], good)
+    assert data == {"error": refused[0][1]}  # purge: exactly the command's sentence
+    assert not control_file.exists() and not log_file.exists()
+
+    # With the token: in JOBDIR/banker/control.json, logged with who.
+    status, data = dash.post("/api/control", pause, good)
+    assert (status, data) == (
+        200, {"action": {"verb": "pause", "target": host}, "done": f"pause {host}", "version": 1},
+    )  # fmt: skip
+    assert ControlFile(str(jobdir)).load().host(host).paused
+    [entry] = ControlFile(str(jobdir)).log()
+    assert (entry["verb"], entry["target"], entry["version"]) == ("pause", host, 1)
+    assert entry["who"] == "dashboard 127.0.0.1"
+    status, data = dash.post(
+        "/api/control", {"verb": "delay", "args": ["new.example", "2.5"], "force": True}, good
+    )
+    assert status == 200 and data["done"] == "delay new.example 2.5", data
+    # One control channel: the command line reads what the page wrote ...
+    shown = json.loads(run([*BANKER, "control", "--jobdir", str(jobdir), "--json"]).stdout)
+    assert shown["state"]["hosts"] == {host: {"paused": True}, "new.example": {"delay": 2.5}}
+    assert [e["who"] for e in shown["log"]] == ["dashboard 127.0.0.1"] * 2
+    # ... and the page shows it at its next read.
+    _until("version 2 in /api/state", lambda: dash.state()["control"]["state"]["version"] == 2)
+    control = dash.state()["control"]
+    assert control["state"]["hosts"][host] == {"paused": True}
+    assert [e["verb"] for e in control["log"]] == ["delay", "pause"]
+
+    # Dead letters are requeued as scrapy banker deadletters --jobdir --requeue
+    # does it: never beside a crawl holding the JOBDIR (409, nothing changed).
+    letters = (jobdir / "banker-deadletter.jsonl").read_text()
+    lock = JobdirLock(str(jobdir))
+    lock.acquire()
+    try:
+        status, data = dash.post("/api/deadletters/requeue", {"count": "all"}, good)
+    finally:
+        lock.release()
+    assert status == 409 and "nothing requeued" in data["error"], data
+    assert (jobdir / "banker-deadletter.jsonl").read_text() == letters
+    # No crawl holds it: the restore letter goes back into the journal, the
+    # other stays listed; the next resume fetches it.
+    assert dash.post("/api/deadletters/requeue", {"count": "all"}, good) == (200, {"requeued": 1})
+    view = read_jobdir(str(jobdir))
+    assert (view.pending, view.dead_letters) == (pending + 1, 1)
+    _until("the requeue in /api/state", lambda: dash.state()["jobdir"]["dead_letters"] == 1)
+    [left] = dash.state()["dead_letters"]
+    assert left["when"] == "save"
+
+
+@pytest.mark.slow
+def test_without_jobdir_or_redis_url_it_says_what_every_command_says(tmp_path: Path) -> None:
+    said: dict[str, str] = {}
+    for command in ("dashboard", "status"):
+        done = run([*BANKER, command], cwd=tmp_path, timeout=60, expect=2)
+        assert not done.stdout
+        [said[command]] = done.stderr.strip().splitlines()
+    assert said["dashboard"] == (
+        "scrapy banker dashboard: nothing to show: give --jobdir DIR for a single node, or "
+        "REDIS_URL (-s REDIS_URL=redis://...) for a fleet"
+    )
+    assert said["status"].endswith(said["dashboard"].split(": ", 2)[2])
+    # A JOBDIR that is not one: what scrapy banker status --jobdir says.
+    nowhere = tmp_path / "nowhere"
+    done = run([*COMMAND, "--jobdir", str(nowhere)], cwd=tmp_path, timeout=60, expect=2)
+    assert done.stderr.strip() == f"scrapy banker dashboard: no JOBDIR at {nowhere}"
+
+
+@pytest.mark.slow
+def test_jobdir_mode_on_a_running_crawl_reads_it_live_and_pauses_a_host(
+    tmp_path: Path, dashboards: list[Dashboard]
+) -> None:
+    jobdir = tmp_path / "job"
+    with WebFarm(JOBDIR_FARM) as farm:
+        crawl = _crawl(farm, jobdir)
+        try:
+            started = lambda: (jobdir / "banker" / "snapshot.jsonl").exists()  # noqa: E731
+            _until("the crawl's JOBDIR", lambda: started() and farm.stats()["requests"] >= 8)
+            dash = Dashboard(None, "-s", f"BANKER_DASHBOARD_TOKEN={TOKEN}", jobdir=jobdir)
+            dashboards.append(dash)
+            first = dash.state()["jobdir"]["done"]
+            _until("the done count to move", lambda: dash.state()["jobdir"]["done"] > first)
+            state = dash.state()
+            assert state["error"] is None and crawl.poll() is None
+            assert max(state["rates"]["series"]["*"]) > 0
+            # The host with the most requests pending, paused from the dashboard:
+            # the crawl reads control.json once a second.
+            host = state["jobdir"]["top_slots"][0]["slot"]
+            good = {"Authorization": f"Bearer {TOKEN}"}
+            status, data = dash.post("/api/control", {"verb": "pause", "args": [host]}, good)
+            assert status == 200, data
+            paused_at = time.time()
+            time.sleep(3.0)
+            events = farm.stats(urls=True)["host_events"][host]
+            late = [t for t, step in events if step == 1 and t > paused_at + 1.5]
+            assert not late, f"{len(late)} requests reached {host} after the pause was read"
+            assert crawl.poll() is None, "the crawl ended before the pause was checked"
+            assert any(s["slot"] == host for s in dash.state()["jobdir"]["top_slots"])
+            assert dash.state()["error"] is None  # read all along while the crawl wrote
+        finally:
+            _stop(crawl)
+
+
 # -- the page in a real browser on a live fleet ---------------------------------------------
 
 
@@ -636,5 +948,74 @@ def test_control_form_in_a_real_browser(
             print(f"\ncontrol panel screenshot: {shot}")
             # The browser logs each refused fetch (the 400 above) as a console error.
             assert not [e for e in errors if "status of 400" not in e], errors
+        finally:
+            browser.close()
+
+
+def _number(text: str) -> int:
+    digits = "".join(c for c in text if c.isdigit())
+    return int(digits) if digits else -1
+
+
+@pytest.mark.slow
+def test_jobdir_mode_in_a_real_browser(
+    jobdir: Path, tmp_path: Path, dashboards: list[Dashboard]
+) -> None:
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    dash = Dashboard(None, "-s", f"BANKER_DASHBOARD_TOKEN={TOKEN}", jobdir=jobdir)
+    dashboards.append(dash)
+    shown = dash.state()["jobdir"]
+    host = shown["top_slots"][0]["slot"]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(dash.url + "/")
+            prefix = page.locator("#prefix")
+            _until("the JOBDIR's name", lambda: prefix.inner_text() == f"JOBDIR {jobdir}")
+            # The JOBDIR's numbers, the hosts its requests are for; no fleet panels.
+            assert page.locator("#k-queued-label").text_content() == "Pending"
+            assert _number(page.locator("#k-queued").inner_text()) == shown["queued"]
+            assert _number(page.locator("#k-pages").inner_text()) == shown["done"]
+            assert page.locator(f'#slots [data-host="{host}"]').count() == 1
+            topics = {t["name"] for t in shown["topics"]}
+            assert page.locator("#topics tbody tr[data-topic]").count() == len(topics)
+            assert page.locator("#jobdir-card").is_visible()
+            assert str(jobdir) in page.locator("#jobdir").inner_text()
+            for card in ("#nodes-card", "#banker-card", "#placement-card"):
+                assert not page.locator(card).is_visible(), card
+            # No token typed: no form.  Typed: pause HOST lands in control.json.
+            hint = page.locator("#control-hint")
+            _until("the token hint", lambda: "Type the dashboard token" in hint.inner_text())
+            assert not page.locator("#control-form").is_visible()
+            page.fill("#token", TOKEN)
+            _until("the form", lambda: page.locator("#control-form").is_visible())
+            assert "on this JOBDIR within a second" in hint.inner_text()
+            # A single process has no purge, no inject: not offered.
+            for verb in ("purge", "inject"):
+                assert page.locator(f'#control-verb option[value="{verb}"]').is_disabled()
+            for verb in ("pause", "resume", "limit", "delay", "budget"):
+                assert page.locator(f'#control-verb option[value="{verb}"]').is_enabled()
+            page.select_option("#control-verb", "pause")
+            page.fill("#control-target", host)
+            page.locator("#control-submit").click()
+            _until("the pause", lambda: hint.inner_text().startswith(f"Done: pause {host}"))
+            assert ControlFile(str(jobdir)).load().host(host).paused
+            [entry] = ControlFile(str(jobdir)).log()
+            assert (entry["verb"], entry["who"]) == ("pause", "dashboard 127.0.0.1")
+            row = page.locator(f'#control-directives tr[data-target="{host}"]')
+            _until("the directive", lambda: row.count() == 1 and "paused" in row.inner_text())
+            log = page.locator("#control-log tbody")
+            _until("the log line", lambda: f"pause {host}" in log.inner_text())
+            time.sleep(1.0)  # a second reading for the rate chart
+            shot = tmp_path / "dashboard-jobdir.png"
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"\nJOBDIR dashboard screenshot: {shot}")
+            assert not errors, errors
         finally:
             browser.close()

@@ -1,44 +1,69 @@
-"""``scrapy banker dashboard [SPIDER]``: the live fleet dashboard in a browser.
+"""``scrapy banker dashboard [SPIDER] [--jobdir DIR]``: the live dashboard in a browser.
 
 Serves :mod:`scrapy_banker.ops.dashboard` on ``--bind`` (127.0.0.1 unless told
-otherwise) and ``--port``, prints its URL and runs until Ctrl-C.  The fleet is
-found like the crawl finds it: ``REDIS_URL`` (or ``REDIS_HOST``/...) and
-``BANKER_REDIS_PREFIX`` with ``%(spider)s`` the SPIDER argument; it is read
-through :func:`scrapy_banker.ops.fleet_view.read_fleet`, the read model
-``scrapy banker status`` shows too.  Redis unreachable at start-up, a port in
-use or a bad option is one line on stderr and exit code 2; once running, a
-Redis outage is shown on the page (the last numbers, marked stale) and the
-server keeps trying.
+otherwise) and ``--port``, prints its URL and runs until Ctrl-C.  Which crawl
+is chosen as every other ``scrapy banker`` command chooses it
+(:func:`~scrapy_banker.ops.commands._common.jobdir_or_fleet`): ``--jobdir
+DIR``, else a fleet if one is configured, else the ``JOBDIR`` setting, else
+one line saying to give one of them and exit code 2.
+
+* A fleet is found like the crawl finds it: ``REDIS_URL`` (or
+  ``REDIS_HOST``/...) and ``BANKER_REDIS_PREFIX`` with ``%(spider)s`` the
+  SPIDER argument; it is read through
+  :func:`scrapy_banker.ops.fleet_view.read_fleet`, the read model ``scrapy
+  banker status`` shows too.  Redis unreachable at start-up is one line on
+  stderr and exit code 2; once running, a Redis outage is shown on the page
+  (the last numbers, marked stale) and the server keeps trying.
+* A single process's JOBDIR is read through
+  :func:`scrapy_banker.ops.jobdir_view.read_jobdir` (what ``scrapy banker
+  status --jobdir`` shows): pending requests per topic and host, dead
+  letters, requests done, how long ago the journal was written.  Reads only:
+  no lock is taken, a running crawl is never disturbed.
 
 Actions -- requeue dead letters, and the run-time control of ``scrapy banker
-pause|resume|limit|delay|budget|purge|inject`` (one
-:class:`~scrapy_banker.ops.control.Controller`, so the page and the command
-line accept and refuse the same things) -- need ``BANKER_DASHBOARD_TOKEN``;
-without it the dashboard is read-only.  The page also shows the directives
-in force, the budget counts and the latest actions, read with the fleet.
+pause|resume|limit|delay|budget|purge|inject`` -- need
+``BANKER_DASHBOARD_TOKEN``; without it the dashboard is read-only.  They go
+through the same code as the command line (a
+:class:`~scrapy_banker.ops.control.Controller` on the fleet's Redis, a
+:class:`~scrapy_banker.ops.control.JobdirController` on
+``JOBDIR/banker/control.json``; :func:`scrapy_banker.ops.jobdir_deadletters.requeue`
+for a JOBDIR's dead letters), so the page and the command line accept and
+refuse the same things: ``purge`` and ``inject`` are refused for a single
+process, and a JOBDIR's dead letters are not requeued while its crawl runs.
+The page also shows the directives in force, the budget counts (a fleet's)
+and the latest actions, read with the crawl.  A port in use or a bad option
+is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.ops.commands import CommandError
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable, Mapping
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.ops.control import Controller
+    from scrapy_banker.ops.control import Controller, JobdirController
     from scrapy_banker.ops.dashboard.server import ControlRequest
+    from scrapy_banker.ops.jobdir_view import JobdirView
+    from scrapy_banker.settings import BankerConfig
 
 logger = logging.getLogger(__name__)
 
-HELP = "Serve a live web dashboard of a Redis fleet (read-only unless BANKER_DASHBOARD_TOKEN)"
+HELP = (
+    "Serve a live web dashboard of a Redis fleet or a JOBDIR (read-only unless "
+    "BANKER_DASHBOARD_TOKEN)"
+)
 
 DEFAULT_PORT = 8765
 DEFAULT_BIND = "127.0.0.1"
@@ -48,12 +73,22 @@ DEAD_LETTERS_SHOWN = 50
 CONTROL_LOG_SHOWN = 20
 #: Hosts whose budget counts the page gets, most charged first (a crawl may have millions).
 BUDGET_HOSTS_SHOWN = 50
+#: A JOBDIR's hosts with the most pending requests the page gets.
+JOBDIR_HOSTS_SHOWN = 20
+#: Reads of a JOBDIR that a compaction swapped the snapshot under, before the last is kept.
+JOBDIR_READ_ATTEMPTS = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from scrapy_banker.ops.commands._common import add_target_arguments
 
     add_target_arguments(parser)
+    parser.add_argument(
+        "--jobdir",
+        metavar="DIR",
+        help="a single process's JOBDIR (default: a fleet if REDIS_URL is set, else the "
+        "JOBDIR setting)",
+    )
     parser.add_argument(
         "--port",
         type=int,
@@ -71,7 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="how often the fleet is read from Redis, whatever the number of viewers (default 1)",
+        help="how often the fleet (or the JOBDIR) is read, whatever the number of viewers "
+        "(default 1)",
     )
 
 
@@ -94,33 +130,40 @@ def _reactor(settings: BaseSettings) -> Any:
     return reactor
 
 
-def read_control(controller: Controller) -> dict[str, Any]:
+def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
     """The ``control`` section of ``/api/state``: directives, budgets, the latest actions.
 
     A control document that cannot be read (not JSON, an unknown field) is
     shown as ``error`` rather than failing the whole read: the rest of the
-    fleet is still worth seeing, and the workers ignore such a document too.
-    Only the most charged hosts' counts are kept (:data:`BUDGET_HOSTS_SHOWN`)
-    plus every host a directive names; ``hosts_total`` and ``held_total``
-    say how many there are in all.
+    crawl is still worth seeing, and the crawl ignores such a document too.
+    A fleet's budget counts are in Redis: only the most charged hosts' are
+    kept (:data:`BUDGET_HOSTS_SHOWN`) plus every host a directive names;
+    ``hosts_total`` and ``held_total`` say how many there are in all.  A
+    single process counts in its own memory: ``counts`` is None for a JOBDIR.
     """
     from scrapy_banker.core.control import ControlState
+    from scrapy_banker.ops.control import JobdirController
 
-    channel = controller.channel
     errors: list[str] = []
     state: ControlState | None
     try:
-        state = channel.load()
+        if isinstance(controller, JobdirController):
+            state = controller.file.load()
+        else:
+            state = controller.channel.load()
     except ValueError as exc:  # ControlError: the document holds garbage
         state = None
         errors.append(str(exc))
-    counts: dict[str, Any] | None
+    except OSError as exc:  # a JOBDIR's control file that cannot be opened
+        state = None
+        errors.append(f"the control file cannot be read: {exc}")
+    counts: dict[str, Any] | None = None
     shown: set[str] = set() if state is None else set(state.hosts)
-    try:
-        counts = channel.counts().to_json()
-    except ValueError as exc:  # a count that is not an integer
-        counts = None
-        errors.append(f"budget counts unreadable: {exc}")
+    if not isinstance(controller, JobdirController):
+        try:
+            counts = controller.channel.counts().to_json()
+        except ValueError as exc:  # a count that is not an integer
+            errors.append(f"budget counts unreadable: {exc}")
     if counts is not None:
         charged: dict[str, int] = counts["hosts"]
         held: dict[str, int] = counts["held"]
@@ -146,12 +189,16 @@ def read_control(controller: Controller) -> dict[str, Any]:
             h: b for h in sorted(shown) if (b := rules.host(h, in_force)) is not None
         },
     }  # fmt: skip
+    if isinstance(controller, JobdirController):
+        log = controller.file.log(CONTROL_LOG_SHOWN)
+    else:
+        log = controller.channel.log(CONTROL_LOG_SHOWN)
     return {
         "state": None if state is None else state.to_json(),
         "error": "; ".join(errors) or None,
         "counts": counts,
         "budgets": budgets,
-        "log": channel.log(CONTROL_LOG_SHOWN),
+        "log": log,
     }
 
 
@@ -160,12 +207,8 @@ def _controller(client: Any, settings: BaseSettings, opts: argparse.Namespace) -
     from scrapy_banker.ops.commands._common import redis_settings
     from scrapy_banker.ops.control import Controller
     from scrapy_banker.redis.frontier import RedisFrontier
-    from scrapy_banker.settings import load_config
 
-    try:
-        config = load_config(settings)
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
+    config = _config(settings)
     rconfig = redis_settings(settings, opts)
     frontier = RedisFrontier(
         client, prefix=rconfig.prefix, partitions=rconfig.partitions,
@@ -175,17 +218,39 @@ def _controller(client: Any, settings: BaseSettings, opts: argparse.Namespace) -
     return Controller.from_settings(frontier, config, settings)
 
 
-def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
-    from scrapy_banker.settings import load_ops_config
+def _config(settings: BaseSettings) -> BankerConfig:
+    """The crawl's :class:`~scrapy_banker.settings.BankerConfig`; a bad setting is one line."""
+    from scrapy_banker.settings import load_config
 
-    if not 0 <= opts.port <= 65535:
-        raise CommandError(f"--port must be in [0, 65535], got {opts.port}")
-    if not 0.2 <= opts.refresh <= 60:
-        raise CommandError(f"--refresh must be between 0.2 and 60 seconds, got {opts.refresh:g}")
     try:
-        token = load_ops_config(settings).dashboard_token
+        return load_config(settings)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+
+
+@dataclass
+class _Source:
+    """What the server reads and acts on: a fleet or a JOBDIR, as the page sees it."""
+
+    #: Names the crawl in the printed line (``'banker:myspider'``, ``JOBDIR /path``).
+    title: str
+    #: The ``server`` fields of ``/api/state`` that depend on the crawl.
+    info: dict[str, Any]
+    read: Callable[[], dict[str, Any]]
+    requeue: Callable[[int | None], int]
+    controller: Controller | JobdirController
+    #: The verbs the page offers (the others are refused by the controller anyway).
+    verbs: tuple[str, ...]
+    #: ``{node: {topic: cumulative pages}}`` of an answer, for the rates.
+    pages: Callable[[Mapping[str, Any]], Mapping[str, Mapping[str, int]]] | None = None
+    #: What a failed read's error names.
+    subject: str = "the fleet"
+    close: Callable[[], None] = field(default=lambda: None)
+
+
+def _fleet_source(settings: BaseSettings, opts: argparse.Namespace) -> _Source:
+    """The fleet on Redis; ``CommandError`` if Redis does not answer or a setting is bad."""
+    from scrapy_banker.core.control import VERBS
     from scrapy_banker.ops.commands._common import connect, redis_settings
 
     node_timeout = redis_settings(settings, opts).node_timeout
@@ -216,6 +281,151 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
         result = requeue_dead_letters(client, keyspace, letters, node_timeout_s=node_timeout)
         return len(result.requeued)
 
+    info = {"mode": "fleet", "prefix": keyspace.prefix, "node_timeout_s": node_timeout}
+    return _Source(
+        title=repr(keyspace.prefix), info=info, read=read, requeue=requeue,
+        controller=controller, verbs=tuple(VERBS), close=client.close,
+    )  # fmt: skip
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """A file's identity and version: a compaction replaces the snapshot (a new inode)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def read_jobdir_view(jobdir: str) -> tuple[JobdirView, float | None]:
+    """:func:`~scrapy_banker.ops.jobdir_view.read_jobdir` of a running crawl's JOBDIR,
+    and when its snapshot or journal was last written (Unix seconds; None: never).
+
+    A compaction while the files are read (a new snapshot swapped in, the old
+    journal deleted) can make one read miss the journal's records: such a
+    read, seen by the snapshot's changed identity, is done again.
+    """
+    from scrapy_banker.ops.jobdir_view import read_jobdir
+    from scrapy_banker.scheduler.jobdir import SNAPSHOT
+
+    folder = os.path.join(jobdir, "banker")
+    snapshot = os.path.join(folder, SNAPSHOT)
+    for _ in range(JOBDIR_READ_ATTEMPTS):
+        before = _stamp(snapshot)
+        view = read_jobdir(jobdir, top=JOBDIR_HOSTS_SHOWN)
+        if _stamp(snapshot) == before:
+            break
+    written: float | None = None
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name == SNAPSHOT or (
+                    entry.name.startswith("journal-") and entry.name.endswith(".jsonl")
+                ):
+                    try:
+                        mtime = entry.stat().st_mtime
+                    except OSError:  # deleted by a compaction meanwhile
+                        continue
+                    written = mtime if written is None else max(written, mtime)
+    except OSError:
+        pass
+    return view, written
+
+
+def _jobdir_pages(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """The requests a JOBDIR's journal records as done, as one counter for the rates."""
+    view = snapshot.get("jobdir")
+    done = view.get("done") if isinstance(view, dict) else None
+    return {"process": {"done": done}} if isinstance(done, int) else {}
+
+
+def _jobdir_source(jobdir: str, settings: BaseSettings) -> _Source:
+    """A single process's JOBDIR; ``CommandError`` if it holds no scrapy-banker crawl."""
+    from scrapy_banker.core.control import VERBS
+    from scrapy_banker.ops import jobdir_deadletters
+    from scrapy_banker.ops.control import JobdirController
+    from scrapy_banker.ops.dashboard.server import ActionRefused
+    from scrapy_banker.scheduler.jobdir import JobdirLocked
+    from scrapy_banker.scheduler.serialize import RequestCodec
+
+    config = _config(settings)
+    allowed = config.serialize_allowed_classes
+    try:
+        codec = RequestCodec(allowed)
+    except (ValueError, ImportError, NameError) as exc:
+        raise CommandError(
+            f"BANKER_SERIALIZE_ALLOWED_CLASSES={list(allowed)!r}: cannot load a class ({exc})"
+        ) from None
+    controller = JobdirController(jobdir, config)
+    letters_path = os.path.join(jobdir, jobdir_deadletters.DEADLETTER_FILE)
+    # The letters shown, parsed again only when their file changes.
+    shown_letters: dict[str, Any] = {"stamp": None, "json": []}
+
+    def dead_letters() -> list[dict[str, Any]]:
+        stamp = _stamp(letters_path)
+        if stamp != shown_letters["stamp"]:
+            letters = jobdir_deadletters.read_letters(jobdir, codec)[:DEAD_LETTERS_SHOWN]
+            shown_letters.update(stamp=stamp, json=[d.to_json() for d in letters])
+        return list(shown_letters["json"])
+
+    def read() -> dict[str, Any]:
+        view, written = read_jobdir_view(jobdir)
+        return {
+            "fleet": None,
+            "jobdir": {
+                **view.to_json(),
+                # Done: every fingerprint seen, less those still pending
+                # (dont_filter requests have none: a few too few, never too many).
+                "done": max(0, (view.seen or 0) - view.pending),
+                "written_at": written,
+            },
+            "dead_letters": dead_letters() if view.dead_letters else [],
+            "control": read_control(controller),
+        }
+
+    def requeue(count: int | None) -> int:
+        try:
+            outcome = jobdir_deadletters.requeue(jobdir, count, codec)
+        except JobdirLocked as exc:  # the crawl runs: what the command says, as a 409
+            raise ActionRefused(f"{exc}; nothing requeued") from None
+        return len(outcome.plan.requeued)
+
+    info = {"mode": "jobdir", "jobdir": jobdir, "prefix": None, "node_timeout_s": None}
+    # purge and inject need a queue outside the process: JobdirController refuses them.
+    verbs = tuple(v for v in VERBS if v not in ("purge", "inject"))
+    return _Source(
+        title=f"JOBDIR {jobdir}", info=info, read=read, requeue=requeue,
+        controller=controller, verbs=verbs, pages=_jobdir_pages, subject="the JOBDIR",
+    )  # fmt: skip
+
+
+def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
+    from scrapy_banker.ops.commands._common import jobdir_or_fleet, spider_name
+    from scrapy_banker.settings import load_ops_config
+
+    if not 0 <= opts.port <= 65535:
+        raise CommandError(f"--port must be in [0, 65535], got {opts.port}")
+    if not 0.2 <= opts.refresh <= 60:
+        raise CommandError(f"--refresh must be between 0.2 and 60 seconds, got {opts.refresh:g}")
+    try:
+        token = load_ops_config(settings).dashboard_token
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    spider_name(settings, opts, required=False)  # an unknown spider is bad input anyway
+    # The same choice, and the same words when there is none, as every command.
+    jobdir = jobdir_or_fleet(settings, opts, "nothing to show")
+    source = _fleet_source(settings, opts) if jobdir is None else _jobdir_source(jobdir, settings)
+    try:
+        return _serve(source, opts, settings, token)
+    finally:
+        source.close()
+
+
+def _serve(
+    source: _Source, opts: argparse.Namespace, settings: BaseSettings, token: str | None
+) -> int:
+    """Read once, listen, print the URL, serve until Ctrl-C."""
+    controller = source.controller
     # One action at a time: two tabs acting at once land one after the other.
     acting = threading.Lock()
 
@@ -226,21 +436,35 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
             )
             return controller.execute(action, who=who, now=time.time()).to_json()
 
+    def requeue(count: int | None) -> int:
+        with acting:
+            return source.requeue(count)
+
     try:
-        first = read()  # a broken server shows now, not in the page
+        first = source.read()  # a broken source shows now, not in the page
     except Exception as exc:
-        raise CommandError(f"cannot read the fleet at {keyspace.prefix!r}: {exc}") from None
+        if source.info["mode"] != "jobdir":
+            prefix = source.info["prefix"]
+            raise CommandError(f"cannot read the fleet at {prefix!r}: {exc}") from None
+        if isinstance(exc, (OSError, ValueError)):
+            raise CommandError(str(exc)) from None  # what scrapy banker status --jobdir says
+        raise CommandError(f"cannot read {source.title}: {exc}") from None
 
     reactor = _reactor(settings)
     from twisted.internet.error import CannotListenError
 
     from scrapy_banker.core.control import VERBS
-    from scrapy_banker.ops.dashboard.server import Actions, Dashboard, FleetPoller, make_site
+    from scrapy_banker.ops.dashboard.server import (
+        Actions,
+        Dashboard,
+        FleetPoller,
+        make_site,
+        topic_pages,
+    )
 
     info = {
-        "prefix": keyspace.prefix,
+        **source.info,
         "refresh_s": opts.refresh,
-        "node_timeout_s": node_timeout,
         "actions": {
             "enabled": token is not None,
             "requeue": token is not None,
@@ -248,9 +472,12 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
             "control": token is not None,
         },
         # What each control verb takes, for the page's form.
-        "verbs": dict(VERBS),
+        "verbs": {v: VERBS[v] for v in source.verbs},
     }
-    poller = FleetPoller(reactor, read, opts.refresh, info, initial=first)
+    poller = FleetPoller(
+        reactor, source.read, opts.refresh, info, initial=first,
+        pages=source.pages or topic_pages, subject=source.subject,
+    )  # fmt: skip
     actions = Actions(token=token, requeue=requeue, control=control)
     dashboard = Dashboard(poller, actions, bind=opts.bind)
     try:
@@ -261,14 +488,13 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     shown = f"[{host.host}]" if ":" in host.host else host.host
     url = f"http://{shown}:{host.port}/"
     mode = "actions enabled (token set)" if token else "read-only: set BANKER_DASHBOARD_TOKEN"
-    sys.stdout.write(f"scrapy-banker dashboard for {keyspace.prefix!r}: {url} ({mode})\n")
+    sys.stdout.write(f"scrapy-banker dashboard for {source.title}: {url} ({mode})\n")
     sys.stdout.flush()
     if opts.bind not in ("127.0.0.1", "localhost", "::1"):
         logger.warning(
-            "The dashboard listens on %s: anyone who can reach it sees the fleet", opts.bind
+            "The dashboard listens on %s: anyone who can reach it sees the crawl", opts.bind
         )
     reactor.callWhenRunning(poller.start)
     reactor.addSystemEventTrigger("before", "shutdown", poller.stop)
     reactor.run()
-    client.close()
     return 0

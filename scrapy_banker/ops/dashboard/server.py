@@ -1,16 +1,20 @@
 """The dashboard's web server: the page, ``GET /api/state`` and the token-guarded actions.
 
 The actions are requeueing dead letters (``POST /api/deadletters/requeue``)
-and the run-time control of the fleet (``POST /api/control``: pause, resume,
+and the run-time control of the crawl (``POST /api/control``: pause, resume,
 limit, delay, budget, purge, inject), the same checked actions as ``scrapy
-banker pause ...`` (:class:`~scrapy_banker.ops.control.Controller`).
+banker pause ...`` (:class:`~scrapy_banker.ops.control.Controller` for a
+fleet, :class:`~scrapy_banker.ops.control.JobdirController` for a single
+process's JOBDIR).  The server does not know which: the command hands it a
+``read`` function and the blocking calls behind each action.
 
 Why it is built this way:
 
-* **One read per interval.**  A :class:`FleetPoller` reads the fleet on a
-  thread (``deferToThread``: a Redis round trip never blocks the reactor)
-  once per refresh interval, never two reads at a time, and keeps the JSON
-  answer ready; ten open tabs cost Redis what one costs.  The readings also
+* **One read per interval.**  A :class:`FleetPoller` reads the fleet (or a
+  JOBDIR) on a thread (``deferToThread``: a Redis round trip or a replay of
+  the journal never blocks the reactor) once per refresh interval, never two
+  reads at a time, and keeps the JSON answer ready; ten open tabs cost Redis
+  what one costs.  The readings also
   feed :class:`~scrapy_banker.ops.dashboard.history.RateHistory`, so a page
   opened mid-crawl already shows the pages/s of the minutes before.
 * **Read-only unless a token says otherwise.**  ``GET`` never changes
@@ -57,6 +61,7 @@ Request = Any
 
 __all__ = [
     "ACTIONS_DISABLED",
+    "ActionRefused",
     "Actions",
     "ControlRequest",
     "Dashboard",
@@ -121,16 +126,28 @@ def topic_pages(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     return out
 
 
+class ActionRefused(Exception):
+    """An action the crawl's state forbids now (409): a JOBDIR a running crawl holds.
+
+    Unlike :class:`~scrapy_banker.core.control.ControlError` (the request is
+    wrong, 400) the same request may succeed later; nothing changed.
+    """
+
+
 class FleetPoller:
-    """Reads the fleet once per ``refresh_s`` on a thread; serves the last answer.
+    """Reads the crawl once per ``refresh_s`` on a thread; serves the last answer.
 
     ``read()`` returns the sections of the answer (``{"fleet": ...,
-    "dead_letters": [...]}``), JSON-ready; ``initial`` is a first answer
-    already read (the command reads once before it listens, so the first
-    page load has numbers).  ``info`` is merged into every answer under ``"server"`` (what the page
-    needs to know about this server: prefix, refresh, whether actions are on).
-    A failed read keeps the last good fleet and reports the error with it:
-    the page then shows the numbers as stale instead of going blank.
+    "dead_letters": [...]}``, or ``{"jobdir": ...}`` for a single process),
+    JSON-ready; ``initial`` is a first answer already read (the command reads
+    once before it listens, so the first page load has numbers).  ``info`` is
+    merged into every answer under ``"server"`` (what the page needs to know
+    about this server: mode, prefix or JOBDIR, refresh, whether actions are
+    on).  ``pages`` turns an answer into the cumulative counters the rates
+    come from (``{node: {topic: pages}}``; :func:`topic_pages` for a fleet);
+    ``subject`` names what is read in the error of a failed read.  A failed
+    read keeps the last good answer and reports the error with it: the page
+    then shows the numbers as stale instead of going blank.
     """
 
     def __init__(
@@ -142,6 +159,8 @@ class FleetPoller:
         history: RateHistory | None = None,
         clock: Callable[[], float] = time.time,
         initial: Mapping[str, Any] | None = None,
+        pages: Callable[[Mapping[str, Any]], Mapping[str, Mapping[str, int]]] = topic_pages,
+        subject: str = "the fleet",
     ) -> None:
         if refresh_s <= 0:
             raise ValueError(f"refresh_s must be > 0, got {refresh_s!r}")
@@ -151,6 +170,8 @@ class FleetPoller:
         self.info = dict(info)
         self.history = history or RateHistory()
         self.clock = clock
+        self.pages = pages
+        self.subject = subject
         self.reads = 0
         self._snapshot: Mapping[str, Any] = {"fleet": None}
         self._read_at: float | None = None
@@ -192,18 +213,18 @@ class FleetPoller:
     def _read_ok(self, snapshot: Mapping[str, Any]) -> None:
         now = self.clock()
         if self._error is not None:
-            logger.info("Fleet readable again")
+            logger.info("%s readable again", self.subject.capitalize())
         self._snapshot, self._read_at, self._error = snapshot, now, None
         self.reads += 1
         try:
-            self.history.observe(now, topic_pages(snapshot))
+            self.history.observe(now, self.pages(snapshot))
         except (TypeError, ValueError, AttributeError) as exc:
             logger.warning("Telemetry not understood, no rates this time: %r", exc)
         self._render()
 
     def _read_failed(self, failure: Failure) -> None:
         message = failure.getErrorMessage() or repr(failure.value)
-        error = f"reading the fleet failed: {message}"
+        error = f"reading {self.subject} failed: {message}"
         if error != self._error:  # once per distinct error, not once per second
             logger.warning("%s", error)
         self._error = error
@@ -269,8 +290,9 @@ class ControlRequest:
 class Actions:
     """What ``POST`` may do: the token, and the blocking calls behind each action.
 
-    The calls block (Redis round trips): the server runs them on the
-    reactor's thread pool, never on the reactor thread.
+    The calls block (Redis round trips, a JOBDIR's files): the server runs
+    them on the reactor's thread pool, never on the reactor thread.  Either
+    may raise :class:`ActionRefused` (answered 409, nothing changed).
     """
 
     token: str | None
@@ -437,6 +459,12 @@ class Dashboard(resource.Resource):
                 request.finish()
 
         def failed(failure: Failure) -> None:
+            if isinstance(failure.value, ActionRefused):  # not now: nothing changed
+                logger.info("Requeue refused: %s", failure.getErrorMessage())
+                if not finished[0]:
+                    request.write(self._error(request, 409, failure.getErrorMessage()))
+                    request.finish()
+                return
             logger.warning("Requeue failed: %s", failure.getErrorMessage())
             if not finished[0]:
                 request.write(
@@ -482,6 +510,10 @@ class Dashboard(resource.Resource):
             if isinstance(failure.value, ControlError):  # bad input: nothing changed
                 logger.info("Control refused (%s): %s", who, failure.getErrorMessage())
                 answer(400, {"error": failure.getErrorMessage()})
+                return
+            if isinstance(failure.value, ActionRefused):  # not now: nothing changed
+                logger.info("Control refused (%s): %s", who, failure.getErrorMessage())
+                answer(409, {"error": failure.getErrorMessage()})
                 return
             logger.warning("Control failed (%s): %s", who, failure.getErrorMessage())
             answer(503, {"error": f"control failed: {failure.getErrorMessage()}"})

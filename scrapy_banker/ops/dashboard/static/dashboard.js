@@ -108,7 +108,33 @@
   }
 
   // -------------------------------------------------------------- render
+  const isJobdir = (st) => Boolean(st && st.server && st.server.mode === "jobdir");
+  // What the server reads, in the words of the status line.
+  const subjectOf = (st) => (isJobdir(st) ? "the JOBDIR" : "the fleet");
+  const KPI_LABELS = {
+    fleet: { pages: "Pages", rate: "Pages / s", queued: "Queued", leased: "Leased", nodes: "Nodes alive" },
+    jobdir: { pages: "Done", rate: "Done / s", queued: "Pending", leased: "Seen", nodes: "Journal written" },
+  };
+
+  // Fleet-only and JOBDIR-only cards and labels, for the mode this server is in.
+  function showMode(jobdir) {
+    document.querySelectorAll(".fleet-only").forEach((el) => { el.hidden = jobdir; });
+    document.querySelectorAll(".jobdir-only").forEach((el) => { el.hidden = !jobdir; });
+    for (const [k, text] of Object.entries(KPI_LABELS[jobdir ? "jobdir" : "fleet"])) $(`k-${k}-label`).textContent = text;
+    $("topics").tHead.rows[0].cells[1].textContent = jobdir ? "Dispatched" : "Pages";
+    $("rates-title").textContent = jobdir ? "Requests done / s" : "Pages / s by topic";
+    $("slots-hint").textContent = jobdir ? "requests pending" : "in flight vs limit";
+    $("dead-where").textContent = jobdir ? "Line" : "Partition";
+  }
+
   function render(st) {
+    showMode(isJobdir(st));
+    if (isJobdir(st)) {
+      renderJobdir(st);
+      renderDead(st);
+      renderControl(st);
+      return;
+    }
     const fleet = st.fleet || {};
     const server = st.server || {};
     const nodes = nodesOf(fleet);
@@ -149,6 +175,83 @@
     renderGnp(nodes);
     renderDead(st);
     renderControl(st);
+  }
+
+  // ------------------------------------------------------- a single process
+  // scrapy banker dashboard --jobdir: the JOBDIR's read model (what
+  // scrapy banker status --jobdir shows), the requests done for the rate.
+  function renderJobdir(st) {
+    const j = st.jobdir || {};
+    const server = st.server || {};
+    const path = server.jobdir || j.path || "?";
+    $("prefix").textContent = `JOBDIR ${path}`;
+    document.title = `scrapy-banker · JOBDIR ${path}`;
+    const rates = st.rates || { t: [], series: {} };
+    const all = (rates.series && rates.series["*"]) || [];
+    setText("k-pages", fmtInt(j.done));
+    $("k-pages-sub").textContent = "requests done, per the journal";
+    setText("k-rate", fmtRate(all.length ? all[all.length - 1] : null));
+    const peak = all.length ? Math.max(...all) : null;
+    $("k-rate-sub").textContent = peak !== null ? `peak ${fmtRate(peak)} · ${rates.window_s || 5} s average` : "\u00a0";
+    setText("k-queued", fmtInt(j.queued));
+    const unreadable = num(j.pending) !== null && num(j.queued) !== null ? j.pending - j.queued : 0;
+    $("k-queued-sub").textContent = unreadable > 0 ? `${fmtInt(unreadable)} unreadable` : `in ${fmtInt((j.topics || []).length)} topics`;
+    setText("k-leased", fmtInt(j.seen));
+    $("k-leased-sub").textContent = "fingerprints in the journal";
+    setText("k-dead", fmtInt(j.dead_letters), j.dead_letters ? "bad" : "");
+    $("k-dead-sub").textContent = j.dead_letters ? "requeue below" : "none";
+    const age = num(j.written_at) !== null && num(st.now) !== null ? Math.max(0, st.now - j.written_at) : null;
+    // A crawl journals each request it queues or completes: a quiet journal
+    // is a crawl idle, paused or stopped (which of them the JOBDIR cannot say).
+    const quiet = age === null || age > 10;
+    setText("k-nodes", age === null ? "never" : `${fmtAge(age)} ago`, quiet ? "warn" : "");
+    $("k-nodes-sub").textContent = age === null ? "no journal yet" : quiet ? "idle, paused or stopped" : "written recently";
+
+    renderChart(rates);
+    // Topics: what each holds pending, its time slice and dispatch count at the last compaction.
+    const body = $("topics").tBodies[0];
+    const topics = (j.topics || []).slice().sort((a, b) => (b.queued || 0) - (a.queued || 0) || String(a.name).localeCompare(String(b.name)));
+    if (!topics.length) {
+      body.replaceChildren(h("tr", {}, h("td", { colspan: "6", class: "empty", text: "No request pending" })));
+    } else {
+      body.replaceChildren(...topics.map((t) => h("tr", { "data-topic": t.name },
+        h("td", {}, h("span", { class: "swatch" }), String(t.name)),
+        h("td", { class: "num", text: fmtInt(t.dispatched) }),
+        h("td", { class: "num", text: "–" }),
+        h("td", { class: "num", text: fmtInt(t.queued) }),
+        h("td", { class: "num", text: "–" }),
+        h("td", { class: "num", text: num(t.slice_s) === null ? "–" : dec1.format(t.slice_s) + " s" }))));
+      topics.forEach((t, i) => { body.rows[i].querySelector(".swatch").style.background = colorOf(String(t.name)); });
+    }
+    // Hosts with the most pending requests.
+    const box = $("slots");
+    const slots = j.top_slots || [];
+    if (!slots.length) {
+      empty(box, "No request pending");
+    } else {
+      const most = Math.max(1, ...slots.map((sl) => sl.queued || 0));
+      box.replaceChildren(...slots.slice(0, 10).map((sl) => {
+        const fill = h("div", { class: "fill" });
+        fill.style.width = (100 * (sl.queued || 0)) / most + "%";
+        return h("div", { class: "bar-row", "data-host": sl.slot },
+          h("div", { class: "what mono", title: sl.slot }, sl.slot),
+          h("div", { class: "count" }, h("b", { text: fmtInt(sl.queued) }), " pending"),
+          h("div", { class: "track" }, fill));
+      }));
+    }
+    // The JOBDIR's own numbers.
+    const dir = j.directory || {};
+    const kinds = Object.entries(j.dead_letter_kinds || {}).map(([k, n]) => `${k}: ${fmtInt(n)}`).join(", ");
+    const row = (what, value, cls) => h("tr", {}, h("th", { text: what }), h("td", { class: cls || "mono text", text: value }));
+    $("jobdir-hint").textContent = "what a resume would replay";
+    $("jobdir").tBodies[0].replaceChildren(
+      row("Path", path),
+      row("Pending", `${fmtInt(j.pending)} in the journal${unreadable > 0 ? `, ${fmtInt(unreadable)} unreadable` : ""}`),
+      row("Done", `${fmtInt(j.done)} requests; ${fmtInt(j.seen)} fingerprints seen`),
+      row("Directory", num(dir.global_depth) === null ? "–" : `global depth ${fmtInt(dir.global_depth)}, ${fmtInt(dir.buckets)} buckets`),
+      row("Dead letters", `${fmtInt(j.dead_letters)}${kinds ? ` (${kinds})` : ""}`, j.dead_letters ? "bad" : ""),
+      row("Malformed lines", fmtInt(j.malformed), j.malformed ? "warn" : ""),
+      row("Journal written", age === null ? "never" : `${fmtAge(age)} ago`));
   }
 
   function renderTopics(nodes, rates) {
@@ -212,7 +315,7 @@
     if (ts.length < 2) {
       g.fillStyle = muted;
       g.textAlign = "center";
-      g.fillText("Waiting for two readings of the fleet…", W / 2, H / 2);
+      g.fillText(`Waiting for two readings of ${subjectOf(state)}…`, W / 2, H / 2);
       return;
     }
     let ymax = 0;
@@ -419,7 +522,8 @@
     const body = $("dead").tBodies[0];
     const actions = (st.server && st.server.actions) || {};
     const button = $("requeue"), token = $("token"), hint = $("action-hint");
-    const total = num(pick(st.fleet || {}, "dead", "dead_letters"));
+    const jobdir = isJobdir(st);
+    const total = num(pick((jobdir ? st.jobdir : st.fleet) || {}, "dead", "dead_letters"));
     $("dead-hint").textContent = list.length ? `showing ${list.length}${total !== null && total > list.length ? " of " + fmtInt(total) : ""}` : "";
     if (!actions.enabled) {
       button.disabled = true;
@@ -428,7 +532,11 @@
     } else {
       token.hidden = false;
       button.disabled = !list.length && !(total > 0);
-      if (!hint.dataset.sticky) hint.textContent = "Actions need the token the dashboard was started with (top right)";
+      if (!hint.dataset.sticky) {
+        hint.textContent = jobdir
+          ? "Requeued into the journal while no crawl runs on the JOBDIR (the next resume fetches them); needs the token (top right)"
+          : "Actions need the token the dashboard was started with (top right)";
+      }
     }
     if (!list.length) {
       body.replaceChildren(h("tr", {}, h("td", { colspan: "3", class: "empty", text: "No dead letters" })));
@@ -440,9 +548,11 @@
       if (!what && typeof payload === "string") {
         try { what = JSON.parse(payload).url || payload; } catch (e) { what = payload; }
       }
+      // A JOBDIR's letter: its line in banker-deadletter.jsonl, when and why.
+      const reason = jobdir ? [pick(d, "when"), pick(d, "error")].filter(Boolean).join(": ") : pick(d, "reason");
       return h("tr", {},
-        h("td", { class: "num", text: fmtInt(pick(d, "partition")) }),
-        h("td", { class: "bad", text: String(pick(d, "reason") || "?") }),
+        h("td", { class: "num", text: fmtInt(pick(d, "partition", "line")) }),
+        h("td", { class: "bad", text: String(reason || "?") }),
         h("td", { class: "mono wrap", text: String(what).slice(0, 200) }));
     }));
   }
@@ -564,11 +674,19 @@
     if (hint.dataset.sticky) return;
     if (!actions.control) hint.textContent = "Read-only: start the dashboard with -s BANKER_DASHBOARD_TOKEN=… to steer the crawl";
     else if (!token) hint.textContent = "Type the dashboard token (top right) to steer the crawl";
+    else if (isJobdir(state)) hint.textContent = "In force in the crawl on this JOBDIR within a second; the same checks as scrapy banker pause|resume|… --jobdir";
     else hint.textContent = "In force fleet-wide within a heartbeat; the same checks as scrapy banker pause|resume|…";
   }
 
   function updateControlInputs() {
-    const verb = $("control-verb").value;
+    // Only the verbs this server offers (a single process has no purge, no inject).
+    const offered = state && state.server && state.server.verbs;
+    const select = $("control-verb");
+    if (offered) {
+      for (const opt of select.options) opt.disabled = opt.hidden = !(opt.value in offered);
+      if (select.selectedOptions.length && select.selectedOptions[0].disabled) select.value = Object.keys(offered)[0];
+    }
+    const verb = select.value;
     const [target, value] = PLACEHOLDERS[verb] || ["", ""];
     const usage = state && state.server && state.server.verbs && state.server.verbs[verb];
     $("control-target").placeholder = target;
@@ -627,12 +745,12 @@
     if (!state) { cls = "down"; text = "connecting…"; }
     if (failures >= 2) { cls = "down"; text = "offline"; msg = `The dashboard server does not answer (last answer ${fmtAge(age)} ago): the numbers below are stale.`; }
     else if (state && state.error) {
-      cls = "down"; text = "Redis unreachable";
+      cls = "down"; text = isJobdir(state) ? "JOBDIR unreadable" : "Redis unreachable";
       const readAge = state.read_at ? state.now - state.read_at : null;
-      msg = `${state.error}${readAge !== null ? ` · showing the fleet as read ${fmtAge(readAge)} ago` : ""}`;
+      msg = `${state.error}${readAge !== null ? ` · showing ${subjectOf(state)} as read ${fmtAge(readAge)} ago` : ""}`;
     } else if (state && state.read_at && state.now - state.read_at > 3 * ((state.server && state.server.refresh_s) || 1) + 2) {
       cls = "stale"; text = "stale"; warn = true;
-      msg = `The last read of the fleet is ${fmtAge(state.now - state.read_at)} old.`;
+      msg = `The last read of ${subjectOf(state)} is ${fmtAge(state.now - state.read_at)} old.`;
     }
     pill.className = "pill " + cls;
     pill.textContent = text;

@@ -266,7 +266,7 @@ def test_a_spent_crawl_budget_stops_every_mode_with_the_same_reason(
 ) -> None:
     b = make_backend(backend)
     stats = b.run(BANKER_CRAWL_BUDGET=40)
-    assert b.served_total() == 40
+    assert b.fetched() == 40
     assert _reasons(stats) == {"banker_crawl_budget"}
 
 
@@ -281,7 +281,7 @@ def test_a_crawl_stopped_over_its_budget_resumes_to_the_raised_budget(
         assert b.served_total() <= 30
     else:
         assert _reasons(b.run(BANKER_CRAWL_BUDGET=30)) == {"banker_crawl_budget"}
-        assert b.served_total() == 30
+        assert b.fetched() == 30  # each of a fleet's workers fetches the seeds
     stats = b.run(BANKER_CRAWL_BUDGET=70)
     assert _reasons(stats) == {"banker_crawl_budget"}
     if backend == "jobdir-kill" or backend == "fleet":
@@ -290,8 +290,8 @@ def test_a_crawl_stopped_over_its_budget_resumes_to_the_raised_budget(
         assert 70 <= b.fetched() <= 70 + 16 and b.served_total() <= 70
     else:
         assert b.fetched() == 70
-    # Nothing lost: raised past the site, the rest of it is fetched, and it finishes.
-    stats = b.run(BANKER_CRAWL_BUDGET=TOTAL + 10)
+    # Nothing lost: without the budget the rest of the site is fetched, and it finishes.
+    stats = b.run()
     assert b.served_total() == TOTAL
     assert _reasons(stats) == {"finished"}
 
@@ -309,7 +309,7 @@ def test_requests_held_over_a_host_budget_survive_a_stop_and_are_fetched_after_a
     else:
         stats = b.run(BANKER_HOST_BUDGETS=budgets)
         assert _reasons(stats) == {"banker_budget"}
-        assert sum(s.get("banker/budget/held_at_close", 0) for s in stats) >= 1
+        assert sum(s.get("banker/budget/held", 0) for s in stats) >= 1
         assert b.fetched(host) == 12
         assert len(b.served()[HOSTS[1]]) == PAGES_PER_HOST
     stats = b.run(BANKER_HOST_BUDGETS={host: 30})

@@ -207,7 +207,7 @@ def test_one_node_keeps_host_topic_and_crawl_budgets_across_a_stop_and_resume(
     assert sum(len(pages) for pages in served.values()) == 80
     assert stats[1].get("banker/budget/held", 0) >= 1
     assert stats[1]["banker/budget/held_at_close"] >= 1
-    assert stats[1]["finish_reason"] == "finished"  # what is left is held, counted
+    assert stats[1]["finish_reason"] == "banker_crawl_budget"  # what is left is held, counted
 
 
 def test_pause_limit_delay_purge_inject_and_a_raised_budget_from_the_command_line(

@@ -133,7 +133,7 @@ class Action:
         value = (
             ""
             if self.verb in ("pause", "resume", "purge")
-            else (" none" if self.value is None else f" {self.value:g}")
+            else (" none" if self.value is None else f" {_shown(self.value)}")
         )
         return f"{self.verb} {self.target}{value}"
 
@@ -545,3 +545,8 @@ class BudgetBook:
         self.hosts = {str(h): _count(f"hosts[{h!r}]", n) for h, n in hosts.items()}
         self.topics = {str(t): _count(f"topics[{t!r}]", n) for t, n in topics.items()}
         self.crawl = _count("crawl", data.get("crawl", 0))
+
+
+def _shown(value: float) -> str:
+    """A whole number as digits (``budget crawl 1000000``), seconds as ``%g``."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -326,6 +326,11 @@ class RedisFrontier:
         """
         return self.work.census(each=each, chunk=chunk, between=between)
 
+    def held(self) -> int:
+        """Requests held over a budget crawl-wide (:meth:`WorkCensus.held
+        <scrapy_banker.redis.frontier_census.WorkCensus.held>`)."""
+        return self.work.held()
+
     def finished_version(self) -> int:
         """The crawl's :attr:`~scrapy_banker.redis.keys.Keyspace.finished` counter."""
         return self.work.finished_version()

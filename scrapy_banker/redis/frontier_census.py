@@ -178,6 +178,21 @@ class WorkCensus:
                 out[p] = sum(int(n or 0) for n in counts[2 * i : 2 * i + 2])
         return out
 
+    def held(self, *, chunk: int = 128) -> int:
+        """Requests held over a budget in the whole crawl (the partitions' over lists).
+
+        Read once, when the crawl drains: a crawl that ends with requests
+        held closes with the budget's reason, not ``finished``.
+        """
+        link, total = self.link, 0
+        size = max(1, chunk)
+        for start in range(0, link.partitions, size):
+            pipe = link.client.pipeline(transaction=False)
+            for p in range(start, min(link.partitions, start + size)):
+                pipe.llen(link.keys(p).over)
+            total += sum(int(n or 0) for n in pipe.execute())
+        return total
+
     def queued(self, partition: int) -> int:
         """Requests queued in ``partition`` (leased ones not counted)."""
         pipe = self.link.client.pipeline(transaction=False)

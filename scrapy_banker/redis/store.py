@@ -71,7 +71,7 @@ from scrapy_banker.redis.store_politeness import HostSync
 from scrapy_banker.redis.store_spill import SpillKeeper
 from scrapy_banker.redis.store_telemetry import NodeTelemetry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
-from scrapy_banker.scheduler.control import CLOSE_CRAWL_BUDGET
+from scrapy_banker.scheduler.control import CLOSE_BUDGET, CLOSE_CRAWL_BUDGET
 from scrapy_banker.scheduler.engine import (
     close_spider,
     looping_call,
@@ -356,7 +356,13 @@ class RedisLeaseStore:
             # The crawl has been empty since this worker started: nothing to
             # wait for (a RedisSpider reads its start URLs when idle).
             return False
-        return time.monotonic() - since < self.rconfig.idle_before_close
+        if time.monotonic() - since < self.rconfig.idle_before_close:
+            return True
+        if worker.held_when_drained:
+            # What is left is held over a host or topic budget: the reason one
+            # process gives too (docs/guarantees.rst), not "finished".
+            self._close_for_budget(CLOSE_BUDGET)
+        return False
 
     def __len__(self) -> int:
         return len(self.worker.inbound)
@@ -457,10 +463,10 @@ class RedisLeaseStore:
         if spent and not self._local() and not self.acks.pending and not self.inbound.charging:
             self._close_for_budget()
 
-    def _close_for_budget(self) -> None:
+    def _close_for_budget(self, reason: str = CLOSE_CRAWL_BUDGET) -> None:
         if not self._closing:
             self._closing = True
-            close_spider(self.crawler, CLOSE_CRAWL_BUDGET)
+            close_spider(self.crawler, reason)
 
     def _tick(self) -> None:
         self._follow_control()

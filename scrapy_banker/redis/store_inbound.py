@@ -103,7 +103,7 @@ class Inbound:
         parts = self.parts
         codec, classify, stats = parts.codec, parts.classifier.classify, parts.stats
         rules, control = self.budgets, self.worker.control_state
-        charge = rules if rules is not None and rules.any(control) else None
+        charge = rules  # every page is counted, so a budget set later counts it
         for _ in range(n):
             leased = inbound.popleft()
             try:
@@ -152,13 +152,14 @@ class Inbound:
     def _charge(
         self, token: LeaseToken, request: Request, c: Classified, rules: BudgetRules
     ) -> bool:
-        """Ask Redis to charge ``request`` to its budgets first; False: none applies."""
+        """Ask Redis to count ``request`` and charge it to its budgets before it is queued.
+
+        Always True: the request waits in :attr:`charging` for the answer.
+        """
         state = self.worker.control_state
         host = rules.host(c.slot, state)
         topic = rules.topic(c.topic, state)
         crawl = rules.crawl_budget(state)
-        if host is None and topic is None and crawl is None:
-            return False
         self.charging[token] = (request, c)
         self.worker.charge(Charge(
             token, c.slot, c.topic, -1 if host is None else host,

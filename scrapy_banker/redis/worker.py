@@ -201,6 +201,11 @@ class FrontierWorker:
         return self.state.signals.drained_since
 
     @property
+    def held_when_drained(self) -> int:
+        """Requests held over a budget when the crawl was last seen empty."""
+        return self.state.signals.held_when_drained
+
+    @property
     def local_idle(self) -> bool:
         """Set by the scheduler: nothing buffered, nothing in flight."""
         return self.state.signals.local_idle

@@ -197,8 +197,9 @@ class ControlJob:
             counts = channel.counts([])
             box.crawl_charged, box.crawl_done = counts.crawl, counts.crawl_done
         first, self._first = self._first, False
-        if first and self.rules.any(state):
-            # The settings' budgets may have been raised since the last run.
+        if first:
+            # The settings' budgets may have been raised, or removed, since the
+            # last run: what is held is charged again (and held again if need be).
             self._release(channel.held_partitions())
         if state.version == old.version:
             return

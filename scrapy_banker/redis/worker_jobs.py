@@ -641,6 +641,7 @@ class DrainWatch:
         counters.add("banker/redis/drain_checks")
         if census.drained and not self.pending():
             if signals.drained_since is None:
+                signals.held_when_drained = self.link.frontier.held()
                 signals.drained_since = now
             self.next_at = now + DRAINED_CENSUS_INTERVAL_S
             return

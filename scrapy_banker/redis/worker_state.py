@@ -244,6 +244,8 @@ class Signals:
     #: Server-side view: when the whole crawl was last seen empty (None: not
     #: empty).  Set by the worker thread; cleared by either when work appears.
     drained_since: float | None = None
+    #: Requests held over a budget when the crawl was last seen empty.
+    held_when_drained: int = 0
 
 
 class WorkHints:

@@ -8,6 +8,9 @@
 -- Counting at the lease, in the partition's slot, is what makes a budget exact
 -- under kill -9: a request whose holder dies gives its page back when the
 -- reaper requeues it (reap.lua), and is charged again when leased again.
+-- Every leased request is counted, budget or not ("u:<host>", and with the
+-- crawl-wide hash "t:<topic>" and "c"), so a budget set later counts the
+-- pages fetched before it, as one given at the start does.
 local global = KEYS[5]
 local out = {}
 for i = 1, #ARGV do
@@ -30,13 +33,10 @@ for i = 1, #ARGV do
       if not over then
         redis.call("HINCRBY", KEYS[2], "u:" .. host, 1)
         local t, c = "", "0"
-        if global and tb >= 0 then
+        if global then
           redis.call("HINCRBY", global, "t:" .. topic, 1)
-          t = topic
-        end
-        if global and cb >= 0 then
           redis.call("HINCRBY", global, "c", 1)
-          c = "1"
+          t, c = topic, "1"
         end
         redis.call("HSET", KEYS[2], "b:" .. id, host .. "\t" .. t .. "\t" .. c)
         result = 1

@@ -341,7 +341,7 @@ class RedisLeaseStore:
 
     def has_pending(self) -> bool:
         worker = self.worker
-        if worker.inbound or self.acks.pending or self.inbound.charging:
+        if worker.inbound or self.acks.outstanding or self.inbound.charging:
             return True
         if self.crawl_spent:
             # Closed with its reason before the engine's idle check says "finished".
@@ -425,7 +425,7 @@ class RedisLeaseStore:
             # has room: fetch more, other hosts may be free.
             want = max(1, target // 2)
         worker.request(want)
-        worker.local_idle = not (self._local() or self.acks.pending)
+        worker.local_idle = not (self._local() or self.acks.outstanding)
         # Room the buffered requests cannot use: the worker may take over
         # partitions whose work waits for a saturated node.
         worker.hungry = self._waiting and self.parts.downloader.active < self._concurrent
@@ -460,7 +460,7 @@ class RedisLeaseStore:
             )  # fmt: skip
             self.stats.set_value("banker/budget/crawl_spent", 1)
         self.crawl_spent = spent
-        if spent and not self._local() and not self.acks.pending and not self.inbound.charging:
+        if spent and not self._local() and not self.acks.outstanding and not self.inbound.charging:
             self._close_for_budget()
 
     def _close_for_budget(self, reason: str = CLOSE_CRAWL_BUDGET) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.redis.store_inbound import lease_of
 from scrapy_banker.scheduler.engine import requests_in_progress
+from scrapy_banker.scheduler.feeds import FeedBarrier
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -43,9 +44,17 @@ class AckBook:
         #: Dispatched requests not acknowledged yet.
         self.pending: dict[Request, LeaseToken] = {}
         self._next_scan = 0.0
+        #: Finished requests whose ack waits for their items to be durable in the feeds.
+        self._finished: list[LeaseToken] = []
+        self.feeds = FeedBarrier(crawler)
+
+    @property
+    def outstanding(self) -> bool:
+        """Requests dispatched or finished and not acked yet (the crawl is not over)."""
+        return bool(self.pending or self._finished)
 
     def __len__(self) -> int:
-        return len(self.pending)
+        return len(self.pending) + len(self._finished)
 
     def dispatched(self, request: Request) -> str:
         """``request`` leaves for the engine: the kind it was dequeued from."""
@@ -64,13 +73,14 @@ class AckBook:
 
     def ack_finished(self, everything: bool = False) -> None:
         """Acknowledge dispatched requests the engine is completely done with."""
-        if not self.pending:
+        if not self.pending and not self._finished:
             return
         now = time.monotonic()
         if not everything and now < self._next_scan:
             return  # scanned a moment ago: the engine calls refill in bursts
         self._next_scan = now + ACK_SCAN_INTERVAL_S
         in_progress = requests_in_progress(self.crawler)
+        finished = self._finished
         for request in list(self.pending):
             if everything or in_progress is None or request not in in_progress:
                 # Without the engine's view (another Scrapy version) a request
@@ -78,4 +88,11 @@ class AckBook:
                 ended = request.meta.get(META_SLOT) is None
                 if not everything and in_progress is None and not ended:
                     continue
-                self.worker.ack(self.pending.pop(request))
+                finished.append(self.pending.pop(request))
+        if finished and (everything or self.feeds.due(now)):
+            # Its items durable in the local feeds first (scheduler/feeds.py); a
+            # feed uploaded at the close cannot hold a fleet's leases that long.
+            self.feeds.sync(now)
+            for token in finished:
+                self.worker.ack(token)
+            finished.clear()

@@ -32,6 +32,7 @@ from scrapy_banker.scheduler.classifier import Classified
 from scrapy_banker.scheduler.control import unused
 from scrapy_banker.scheduler.dupes import SeenURLs
 from scrapy_banker.scheduler.engine import requests_in_progress
+from scrapy_banker.scheduler.feeds import FeedBarrier
 from scrapy_banker.scheduler.jobdir import JobDir
 from scrapy_banker.scheduler.serialize import UnserializableRequest
 
@@ -192,6 +193,10 @@ class MemoryStore:
         self._inflight: dict[Request, int] = {}
         #: The most requests dispatched and not complete at once: what a kill repeats, at most.
         self._max_inflight = 0
+        #: Pages finished whose D record waits for their items to be durable in the feeds.
+        self.feeds = FeedBarrier(parts.crawler)
+        self._finished: list[int] = []
+        self._finished_free: list[int] = []
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, parts: SchedulerParts) -> Self:
@@ -248,6 +253,7 @@ class MemoryStore:
         jobdir = self.jobdir
         if jobdir is not None:
             self._finish()
+            self._record_done(time.monotonic(), closing=True)
             unsaved = 0
             for entry in self.queue.entries():
                 if entry.item in self._memory_only:
@@ -264,6 +270,8 @@ class MemoryStore:
                 self.parts.stats.set_value("banker/jobdir/unserializable", unsaved)
             logger.info("Saved %d pending requests to %s", len(state.live), jobdir.path)
         self.parts.stats.set_value("banker/dupes/memo_hits", self.seen.hits)
+        if self.feeds.syncs:
+            self.parts.stats.set_value("banker/jobdir/feed_syncs", self.feeds.syncs)
         return self.df.close(reason)
 
     def is_duplicate(self, request: Request) -> bool:
@@ -315,6 +323,8 @@ class MemoryStore:
     def refill(self, now: float) -> None:
         if self._inflight:
             self._finish()
+        elif self._finished:
+            self._record_done(time.monotonic())
 
     def _finish(self) -> None:
         """Journal the completion of dispatched requests the engine is done with.
@@ -337,10 +347,31 @@ class MemoryStore:
             done.append(seq)
             if unused(request):
                 free.append(seq)
-        if done and self.jobdir is not None:
-            self.jobdir.done(done, free)
-            if self.jobdir.should_compact():
-                self._compact()
+        if done:
+            self._finished += done
+            self._finished_free += free
+        if self._finished:
+            self._record_done(time.monotonic())
+
+    def _record_done(self, now: float, *, closing: bool = False) -> None:
+        """Journal the finished pages once their items are durable in the feeds.
+
+        See :mod:`~scrapy_banker.scheduler.feeds`: at most every
+        ``SYNC_INTERVAL_S`` with feeds; a feed written only at the close
+        keeps its pages pending until then.
+        """
+        jobdir = self.jobdir
+        if jobdir is None or not self._finished:
+            return
+        feeds = self.feeds
+        if not closing and not feeds.due(now):
+            return
+        if not feeds.sync(now) and not closing:
+            return
+        jobdir.done(self._finished, self._finished_free)
+        self._finished, self._finished_free = [], []
+        if not closing and jobdir.should_compact():
+            self._compact()
 
     def keep(self, entry: Entry[Request]) -> bool:
         if self.jobdir is not None and entry.item not in self._memory_only:

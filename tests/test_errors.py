@@ -237,3 +237,24 @@ def test_a_jobdir_another_process_holds_is_refused_in_one_line(
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.scrapy213
+def test_a_jobdir_this_version_cannot_resume_is_refused_in_one_line_and_left_as_it_was(
+    project: Path, tmp_path: Path
+) -> None:
+    jobdir = tmp_path / "job"
+    (jobdir / "banker").mkdir(parents=True)
+    snapshot = jobdir / "banker" / "snapshot.jsonl"
+    written = '{"banker":"snapshot","version":99,"generation":1,"next_seq":0}\n'
+    snapshot.write_text(written)
+    proc = _crawl(project, "-s", f"JOBDIR={jobdir}", "-s", "LOG_LEVEL=INFO")
+    line = _one_line(proc, f"JOBDIR {jobdir} cannot be resumed", "layout version 99")
+    assert "give the crawl another JOBDIR" in line
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output and "AssertionError" not in output, output_tail(proc)
+    assert snapshot.read_text() == written  # nothing rewritten
+    assert sorted(p.name for p in (jobdir / "banker").iterdir()) == ["lock", "snapshot.jsonl"]
+    if SCRAPY >= (2, 14):
+        assert proc.returncode == 1, output_tail(proc)

@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from scrapy_banker.core.directory import ExtendibleDirectory
 from scrapy_banker.core.files import fsync_dir
 from scrapy_banker.core.journal import (
+    SNAPSHOT_VERSION,
     Enqueued,
     JournalState,
     PageCounts,
@@ -123,6 +124,14 @@ SNAPSHOT = "snapshot.jsonl"
 LOCK = "lock"
 #: ``flock`` errors that mean "this file system cannot lock", not "someone holds it".
 _NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+class UnresumableJobdir(BankerError, RuntimeError):
+    """A JOBDIR this version cannot resume (written by another snapshot version).
+
+    Found before the spider opens (:meth:`JobDir.check`), so the crawl stops
+    with one line saying why and what to do, and nothing in the JOBDIR changes.
+    """
 
 
 class JobdirLocked(BankerError, RuntimeError):
@@ -271,6 +280,36 @@ class JobDir:
         self.politeness: Politeness | None = None
         #: Pages charged to budgets (the ``"budgets"`` field), saved and restored alike.
         self.budgets: BudgetBook | None = None
+
+    @property
+    def failed(self) -> bool:
+        """Did :meth:`restore` fail (so nothing is written here)?"""
+        return self._failed is not None
+
+    def check(self) -> None:
+        """Refuse (:class:`UnresumableJobdir`) a snapshot of a layout this version does not read.
+
+        Reads the snapshot's header line only; called before the spider opens.
+        """
+        try:
+            with open(self.snapshot_path, encoding="utf-8") as f:
+                first = f.readline()
+        except FileNotFoundError:
+            return
+        if not first.startswith('{"banker":'):
+            return  # not a header: the replay reports and dead-letters the line
+        try:
+            version = json.loads(first).get("version")
+        except (ValueError, AttributeError):
+            return
+        if version != SNAPSHOT_VERSION:
+            self._failed = f"snapshot version {version!r}"
+            raise UnresumableJobdir(
+                f"JOBDIR {self.root} cannot be resumed by this scrapy-banker: its snapshot "
+                f"({self.snapshot_path}) has layout version {version!r}, this version reads "
+                f"{SNAPSHOT_VERSION}; resume it with the scrapy-banker that wrote it, or give "
+                "the crawl another JOBDIR"
+            )
 
     def _check_writable(self) -> None:
         if self._failed is not None:

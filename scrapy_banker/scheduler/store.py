@@ -214,6 +214,11 @@ class MemoryStore:
             # (nor will it rewrite) the running crawl's spider.state.
             os.makedirs(store.jobdir.path, exist_ok=True)
             store.jobdir.lock.acquire()
+            try:
+                store.jobdir.check()
+            except BaseException:
+                store.jobdir.lock.release()
+                raise
         return store
 
     def open(self, spider: Spider) -> Deferred[None] | None:
@@ -251,6 +256,9 @@ class MemoryStore:
 
     def close(self, reason: str) -> Deferred[None] | None:
         jobdir = self.jobdir
+        if jobdir is not None and jobdir.failed:
+            jobdir.close_journal()  # it was refused at open: nothing here is this crawl's
+            jobdir = None
         if jobdir is not None:
             self._finish()
             self._record_done(time.monotonic(), closing=True)

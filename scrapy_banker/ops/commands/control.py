@@ -15,7 +15,9 @@ force, the budget counts and the log of actions (local time, who, what).
 A single process with ``JOBDIR`` (``--jobdir DIR``, or the ``JOBDIR``
 setting when no fleet is configured) gets the same directives through a
 file in it (:mod:`scrapy_banker.scheduler.control_file`); ``purge`` and
-``inject`` need a crawl on Redis.
+``inject`` need a crawl on Redis.  Its ``control`` shows the same budget
+counts, read from the JOBDIR's files (:func:`~scrapy_banker.ops.jobdir_view.jobdir_budgets`):
+the pages fetched and the pending requests a resume holds over budget.
 """
 
 from __future__ import annotations
@@ -225,18 +227,36 @@ def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
 
 
 def _show_jobdir(opts: argparse.Namespace, controller: JobdirController) -> int:
+    from scrapy_banker.ops.jobdir_view import jobdir_budgets
+    from scrapy_banker.redis.control import BudgetCounts
+
     try:
         state = controller.file.load()
     except ControlError as exc:
         raise CommandError(str(exc)) from None
     log = controller.file.log(opts.last)
+    rules = controller.config.budgets()
+    # The fleet's counts, from the JOBDIR's files: the pages fetched (exact through a
+    # kill) and the pending requests a resume holds over budget.
+    try:
+        counts: BudgetCounts | None = BudgetCounts(
+            **jobdir_budgets(controller.jobdir, rules, state).counts_json()
+        )
+        unread = None
+    except (OSError, ValueError) as exc:
+        counts, unread = None, str(exc)
     if opts.json:
         emit_json(json_document("control-jobdir", {
-            "jobdir": controller.jobdir, "state": state.to_json(), "log": log,
+            "jobdir": controller.jobdir, "state": state.to_json(),
+            "counts": None if counts is None else counts.to_json(), "log": log,
         }))  # fmt: skip
         return 0
     out = console()
     _print_directives(out, f"JOBDIR {controller.jobdir}", state)
+    if counts is None:
+        out.print(f"Budget counts: none ({unread})", markup=False)
+    else:
+        _print_budgets(out, rules, state, counts, controller.config.topic_names(), jobdir=True)
     _print_log(out, log, opts.last)
     return 0
 
@@ -288,8 +308,14 @@ def _print_budgets(
     state: ControlState,
     counts: BudgetCounts,
     topics: set[str] | frozenset[str],
+    *,
+    jobdir: bool = False,
 ) -> None:
-    """Pages charged against each budget (the operator's, else the settings'), and held."""
+    """Pages charged against each budget (the operator's, else the settings'), and held.
+
+    ``jobdir``: a single process's counts from its JOBDIR, in which a page is counted
+    once fetched and done (so no separate ``done`` count).
+    """
     crawl = rules.crawl_budget(state)
     topic_rows = sorted(
         t for t in set(counts.topics) | set(topics) | set(state.topics)
@@ -306,7 +332,7 @@ def _print_budgets(
         return "none" if value is None else str(value)
 
     table = _table("Budgets (pages)", "target", "budget", "charged", "held")
-    done = f" ({counts.crawl_done} done)" if counts.crawl_done else ""
+    done = f" ({counts.crawl_done} done)" if counts.crawl_done and not jobdir else ""
     _row(table, "crawl", budget(crawl), f"{counts.crawl}{done}", sum(counts.held.values()))
     for t in topic_rows:
         _row(table, f"topic:{t}", budget(rules.topic(t, state)), counts.topics.get(t, 0), "")

@@ -4,7 +4,10 @@ The URL is classified by the crawl's own code (topic rules, queue key, BKDR
 hash, partition) and looked up by the fingerprint of Scrapy's request
 fingerprinter -- the one the crawl deduplicates on -- in its partition's seen
 set, queue, leases and dead letters (a fleet), or among a JOBDIR's pending
-requests, dead letters and seen set (a single node).  The sentence saying why it
+requests, dead letters and seen set (a single node; a pending request whose
+host, topic or crawl budget is spent is ``over budget``, as on a fleet, the
+budgets being the operator's in ``JOBDIR/banker/control.json`` over the
+settings').  The sentence saying why it
 waits is built only from what was read: the owner's heartbeat, the
 hand-over fence, the owner's telemetry (its slot for the host, the topics it
 serves, its admission gate), the queue ahead of it.  Reads only.
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.settings import BaseSettings
 
+    from scrapy_banker.ops.jobdir_view import Budget
     from scrapy_banker.settings import BankerConfig
 
 HELP = "Explain one URL: topic, queue key, hash, partition, owner, state, and why it waits"
@@ -139,7 +143,7 @@ def _explain_jobdir(
 
     c = Classifier(config, DownloaderView(), None).classify(request)
     try:
-        found = find_in_jobdir(jobdir, request, c.key_hash, fingerprint)
+        found = find_in_jobdir(jobdir, request, c.key_hash, fingerprint, config.budgets())
     except (OSError, ValueError) as exc:
         raise CommandError(str(exc)) from None
     if found.state == "unknown":
@@ -149,15 +153,17 @@ def _explain_jobdir(
         )
     topic = found.entry.topic if found.entry is not None else c.topic
     waiting = None
-    if found.state == "queued":
+    if found.state == "over budget" and found.held is not None:
+        waiting = _over_budget(found.held, found.budgets, jobdir)
+    elif found.state == "queued":
         waiting = (
             f"it was saved in bucket {found.bucket} at the last clean stop, with "
-            f"{found.ahead} requests of topic {topic} for {c.slot} ahead of it; it is fetched "
-            f"when the crawl resumes with JOBDIR={jobdir}"
+            f"{found.ahead} requests of topic {topic} for {c.slot} ahead of it; "
+            + _when_resumed(found.budgets, found.ahead or 0, jobdir)
         )
     elif found.state == "dead":
         waiting = f"it is in banker-deadletter.jsonl ({found.dead_reason}) and will not resume"
-    notes = []
+    notes = [] if found.control_error is None else [found.control_error]
     if found.entry is None and any(r.callback is not None for r in config.topic_rules):
         notes.append(
             "topic from the URL rules only: the request's callback is unknown here, so "
@@ -179,7 +185,57 @@ def _explain_jobdir(
         "state": found.state,
         "waiting": waiting,
         "notes": notes,
+        # The budget it is held over (state "over budget"), and every budget in force
+        # for it with the pages fetched against it (the operator's over the settings').
+        "over_budget": None if found.held is None else found.held.to_json(),
+        "budgets": [b.to_json() for b in found.budgets],
     }
+
+
+def _fetched(b: Budget, pages: int, *, more: bool = False) -> str:
+    """``its host (a.test) has been fetched 4 pages`` / ``the crawl may fetch 3 more pages``."""
+    if more:
+        return (
+            f"the crawl may fetch {pages} more pages" if b.kind == "crawl"
+            else f"{b.subject()} may be fetched {pages} more pages"
+        )  # fmt: skip
+    return (
+        f"the crawl has fetched {pages} pages" if b.kind == "crawl"
+        else f"{b.subject()} has been fetched {pages} pages"
+    )  # fmt: skip
+
+
+def _over_budget(held: Budget, budgets: tuple[Budget, ...], jobdir: str) -> str:
+    """Why a pending request waits when a budget is spent: the fleet's sentence, with the count."""
+    others = [b for b in budgets if b.spent and b != held]
+    also = "".join(
+        f"; the {'crawl' if b.kind == 'crawl' else f'{b.kind} {b.name}'} budget is spent too "
+        f"({b.budget}, {b.fetched} fetched)"
+        for b in others
+    )
+    raised = "the budget is" if not others else "the budgets are"
+    ways = "; ".join(b.release(jobdir) for b in [held, *others])
+    return (
+        f"it is over budget: {_fetched(held, held.fetched)}, as many as its budget "
+        f"({held.budget}) allows{also}; it is kept, and fetched if {raised} raised ({ways}) "
+        f"and the crawl resumes with JOBDIR={jobdir}"
+    )
+
+
+def _when_resumed(budgets: tuple[Budget, ...], ahead: int, jobdir: str) -> str:
+    """When a pending request not held is fetched: at the resume, if its budgets leave room."""
+    tight = min(budgets, key=lambda b: b.budget - b.fetched, default=None)
+    resumes = f"it is fetched when the crawl resumes with JOBDIR={jobdir}"
+    if tight is None:
+        return resumes
+    room = tight.budget - tight.fetched
+    if room > ahead:
+        return f"{resumes} ({_fetched(tight, room, more=True)}: {tight.describe()})"
+    return (
+        f"{_fetched(tight, room, more=True)} ({tight.describe()}), no more than the requests "
+        f"ahead of it: it is likely held over budget when the crawl resumes with "
+        f"JOBDIR={jobdir}, unless the budget is raised ({tight.release(jobdir)})"
+    )
 
 
 _LABELS = (

@@ -1,7 +1,10 @@
 """``scrapy banker status [SPIDER] [--jobdir DIR] [--json]``: what a crawl holds now.
 
 A single node: what its JOBDIR holds since its last clean stop (topics,
-requests per topic and per directory bucket, dead letters).  A fleet: what
+requests per topic and per directory bucket, dead letters), the pages
+fetched against each budget and the pending requests held over budget --
+those a resume holds again until the budget is raised (the operator's
+budgets in ``JOBDIR/banker/control.json`` over the settings').  A fleet: what
 Redis holds (nodes with heartbeat age, owned partitions, in flight and
 capacity; the partition table; queued / leased / dead-lettered totals; the
 reaper; placement mode and latest plan; topic counters from the nodes'
@@ -11,8 +14,9 @@ document with ``--json`` (schema in ``docs/ops/commands.rst``).  Reads only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from scrapy_banker.core.control import CRAWL
 from scrapy_banker.ops.commands import CommandError
 from scrapy_banker.ops.commands._common import (
     add_target_arguments,
@@ -29,10 +33,11 @@ from scrapy_banker.ops.commands._common import (
 if TYPE_CHECKING:
     import argparse
 
+    from rich.console import Console
     from scrapy.settings import BaseSettings
 
     from scrapy_banker.ops.fleet_view import FleetView
-    from scrapy_banker.ops.jobdir_view import JobdirView
+    from scrapy_banker.ops.jobdir_view import JobdirBudgets, JobdirView
 
 HELP = "Show a crawl's state: a node's JOBDIR, or a Redis fleet (nodes, partitions, topics)"
 
@@ -50,9 +55,16 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     jobdir = jobdir_or_fleet(settings, opts, "nothing to inspect")
     if jobdir is not None:
         from scrapy_banker.ops.jobdir_view import read_jobdir
+        from scrapy_banker.settings import load_config
 
         try:
-            view = read_jobdir(jobdir)
+            # The budgets a resume with these settings (the project's, plus -s) would
+            # apply, under the operator's in JOBDIR/banker/control.json.
+            rules = load_config(settings).budgets()
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            view = read_jobdir(jobdir, budgets=rules)
         except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from None
         if opts.json:
@@ -165,11 +177,14 @@ def _print_jobdir(view: JobdirView) -> None:
     out = console()
     out.print(
         f"JOBDIR {view.path}: {view.queued} requests pending"
+        + (f", {view.over_budget} held over budget" if view.over_budget else "")
         + (
             f" ({view.pending} in the journal, {view.pending - view.queued} unreadable)"
             if view.pending != view.queued
             else ""
-        )
+        ),
+        markup=False,
+        soft_wrap=True,
     )
     seen = "no journal" if view.seen is None else f"{view.seen} fingerprints seen"
     out.print(
@@ -203,3 +218,89 @@ def _print_jobdir(view: JobdirView) -> None:
     out.print(buckets)
     if view.top_slots:
         out.print("Busiest slots: " + ", ".join(f"{slot} ({n})" for slot, n in view.top_slots))
+    if view.budgets is not None:
+        _print_budgets(out, view.path, view.budgets)
+
+
+def _print_budgets(out: Console, jobdir: str, b: JobdirBudgets) -> None:
+    """Pages fetched against each budget; the requests held over one, and what releases them."""
+    from rich.table import Table
+
+    from scrapy_banker.ops.commands.control import HOSTS_SHOWN
+
+    def say(text: str) -> None:
+        out.print(text, markup=False, soft_wrap=True)  # a sentence: never wrapped in a pipe
+
+    if b.control_error:
+        say(f"Note: {b.control_error}")
+    pages = b.pages
+    if not b.in_force:
+        say(
+            f"Budgets: none in force; {pages.crawl} pages fetched"
+            + (f" ({len(pages.hosts)} hosts)" if pages.hosts else "")
+        )
+        return
+
+    def budget(value: int | None) -> str:
+        return "none" if value is None else str(value)
+
+    table = Table(title="Budgets (pages)")
+    for i, name in enumerate(("target", "budget", "fetched", "pending", "held")):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    _row(table, "crawl", budget(b.crawl_budget), pages.crawl, b.pending, b.held)
+    for t in b.topics():
+        _row(table, f"topic:{t}", budget(b.topic_budget(t)), pages.topics.get(t, 0),
+             b.pending_topics.get(t, 0), b.held_topics.get(t, 0))  # fmt: skip
+    hosts = b.hosts()
+    for h in hosts[:HOSTS_SHOWN]:
+        _row(table, h, budget(b.host_budget(h)), pages.hosts.get(h, 0),
+             b.pending_hosts.get(h, 0), b.held_hosts.get(h, 0))  # fmt: skip
+    out.print(table)
+    if len(hosts) > HOSTS_SHOWN:
+        say(f"{len(hosts) - HOSTS_SHOWN} more hosts; --json lists them all")
+    if not b.held:
+        say(
+            f"Held over budget: none; the {b.pending} pending requests are fetched when the "
+            f"crawl resumes with JOBDIR={jobdir}, as far as their budgets allow"
+        )
+        return
+    by_target = b.held_by_target()
+    order = {"host": 0, "topic": 1, "crawl": 2}
+    over = sorted(b.over.values(), key=lambda h: (order[h.kind], -by_target.get(h.target, 0),
+                                                  h.target))  # fmt: skip
+    crawl = b.over.get(CRAWL)
+    if crawl is not None:
+        say(
+            f"Held over budget: crawl budget {crawl.budget} spent ({crawl.fetched} fetched): "
+            "every pending request is held"
+        )
+    else:
+        say(f"Held over budget: {b.held} of {b.pending} pending requests")
+    listed = [h for h in over if h.kind != "crawl"]
+    for held in listed[:HOSTS_SHOWN]:
+        say(
+            f"  {held.target}: {by_target.get(held.target, 0)} held over budget "
+            f"({held.kind} budget {held.budget}, {held.fetched} fetched)"
+        )
+    if len(listed) > HOSTS_SHOWN:
+        say(f"  {len(listed) - HOSTS_SHOWN} more budgets with requests held; --json lists them")
+    target = over[0].target if len(over) == 1 else "TARGET"
+    settings = sorted({h.set_by for h in over} - {"operator"})
+    free = b.pending - b.held
+    say(
+        f"To fetch them, raise their budget with scrapy banker budget {target} N "
+        f"--jobdir {jobdir}"
+        + (f" (TARGET as listed: {', '.join(h.target for h in over[:5])}"
+           + (", ..." if len(over) > 5 else "") + ")" if len(over) > 1 else "")
+        + (f", or in the settings ({', '.join(settings)})" if settings else "")
+        + f", then resume the crawl with JOBDIR={jobdir}"
+        + (f"; the other {free} pending requests are fetched when it resumes, as far as "
+           "their budgets allow" if free else "")
+    )  # fmt: skip
+
+
+def _row(table: Any, *cells: object) -> None:
+    """A row of plain text: a host is never Rich markup."""
+    from rich.text import Text
+
+    table.add_row(*(Text(str(c)) for c in cells))

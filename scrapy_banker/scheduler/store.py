@@ -27,7 +27,7 @@ from scrapy.dupefilters import RFPDupeFilter
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_banker.core.meta import META_SLOT
+from scrapy_banker.core.meta import META_CHARGED, META_SLOT
 from scrapy_banker.scheduler.classifier import Classified
 from scrapy_banker.scheduler.control import unused
 from scrapy_banker.scheduler.dupes import SeenURLs
@@ -293,7 +293,9 @@ class MemoryStore:
         # Like Scrapy's disk queues: whatever JOBDIR cannot hold is kept in
         # memory, counted, and will not survive a restart.
         seq = next(self._seq)
-        request.meta.pop(META_SLOT, None)  # a retry's copy of its original's dispatch
+        meta = request.meta
+        meta.pop(META_SLOT, None)  # a retry's copy of its original's dispatch
+        meta.pop(META_CHARGED, None)  # and of its charge (refunded when it was scheduled)
         try:
             payload = self.parts.codec.encode(request, self.spider)
         except UnserializableRequest as exc:
@@ -438,7 +440,8 @@ class MemoryStore:
             c = self.parts.classifier.classify(request)
             priority = request.priority
         copy = request.replace()
-        copy.meta.pop(META_SLOT, None)  # its dispatch here, as put() drops it
+        for key in (META_SLOT, META_CHARGED):  # its dispatch and charge here, as put() drops them
+            copy.meta.pop(key, None)
         try:
             payload: str | None = self.parts.codec.encode(copy, self.spider)
         except UnserializableRequest as exc:

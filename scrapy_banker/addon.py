@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 
+from scrapy_banker.scheduler import BankerScheduler
+from scrapy_banker.scheduler.jobdir import JobdirLock, check_resumable
+from scrapy_banker.scheduler.store import MemoryStore
 from scrapy_banker.settings import load_config, load_ops_config
 
 if TYPE_CHECKING:
@@ -73,6 +77,32 @@ class Addon:
             for cls, order in components.items():
                 settings.setdefault_in_component_priority_dict(name, load_object(cls), order)
         _swap_robotstxt(settings)
+        _check_jobdir(settings)
+
+
+def _check_jobdir(settings: Settings) -> None:
+    """Refuse, before anything is built, a JOBDIR that the scheduler would refuse at open.
+
+    A JOBDIR another process holds, or one this version cannot resume: the
+    scheduler refuses both when it opens (which stays the authority: a crawl
+    may take the lock between this look and that moment), but an error there
+    comes after the spider was built, where Scrapy 2.13's ``crawl`` command
+    exits 0; here it exits 1 on every Scrapy version.
+    """
+    root = settings.get("JOBDIR")
+    if not root or not os.path.isdir(os.path.join(str(root), "banker")):
+        return  # no JOBDIR, or a fresh one: nothing to refuse
+    scheduler = load_object(settings["SCHEDULER"])
+    if not (isinstance(scheduler, type) and issubclass(scheduler, BankerScheduler)):
+        return
+    if scheduler.store_class is not MemoryStore:
+        return
+    lock = JobdirLock(str(root))
+    lock.acquire()
+    try:
+        check_resumable(str(root))
+    finally:
+        lock.release()
 
 
 def _swap_robotstxt(settings: Settings) -> None:

@@ -229,10 +229,9 @@ def test_a_jobdir_another_process_holds_is_refused_in_one_line(
             assert "Traceback" not in proc.stdout + proc.stderr, output_tail(proc)
             if args == ["--nolog"]:
                 assert (proc.stdout + proc.stderr).strip() == line
-            # Scrapy 2.13's crawl command exits 0 when a crawl fails after its
-            # spider was built (here: in the scheduler's from_crawler); 2.14 fixed it.
-            if SCRAPY >= (2, 14):
-                assert proc.returncode == 1, output_tail(proc)
+            # Refused by the add-on before the spider is built: exit 1 on every
+            # Scrapy (2.13's crawl command exits 0 for a failure after that).
+            assert proc.returncode == 1, output_tail(proc)
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -256,5 +255,4 @@ def test_a_jobdir_this_version_cannot_resume_is_refused_in_one_line_and_left_as_
     assert "Traceback" not in output and "AssertionError" not in output, output_tail(proc)
     assert snapshot.read_text() == written  # nothing rewritten
     assert sorted(p.name for p in (jobdir / "banker").iterdir()) == ["lock", "snapshot.jsonl"]
-    if SCRAPY >= (2, 14):
-        assert proc.returncode == 1, output_tail(proc)
+    assert proc.returncode == 1, output_tail(proc)

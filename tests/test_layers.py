@@ -36,7 +36,7 @@ PURE = ("core", "net")
 #: Layer of each top-level name of the package, bottom first; a module may
 #: import its own layer and those with a lower rank.
 LAYERS = {
-    "core": 0, "net": 1, "settings": 2, "scheduler": 3, "redis": 4, "ops": 5,
+    "errors": 0, "core": 0, "net": 1, "settings": 2, "scheduler": 3, "redis": 4, "ops": 5,
     "addon": 6, "middlewares": 6, "extensions": 6, "testing": 7,
 }  # fmt: skip
 

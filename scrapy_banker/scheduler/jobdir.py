@@ -134,6 +134,29 @@ class UnresumableJobdir(BankerError, RuntimeError):
     """
 
 
+def check_resumable(root: str) -> None:
+    """Raise :class:`UnresumableJobdir` if ``root``'s snapshot has a layout this version
+    does not read (its header line only is read; no snapshot: nothing to refuse)."""
+    path = os.path.join(root, "banker", SNAPSHOT)
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except FileNotFoundError:
+        return
+    if not first.startswith('{"banker":'):
+        return  # not a header: the replay reports and dead-letters the line
+    try:
+        version = json.loads(first).get("version")
+    except (ValueError, AttributeError):
+        return
+    if version != SNAPSHOT_VERSION:
+        raise UnresumableJobdir(
+            f"JOBDIR {root} cannot be resumed by this scrapy-banker: its snapshot ({path}) "
+            f"has layout version {version!r}, this version reads {SNAPSHOT_VERSION}; resume "
+            "it with the scrapy-banker that wrote it, or give the crawl another JOBDIR"
+        )
+
+
 class JobdirLocked(BankerError, RuntimeError):
     """Another process holds a JOBDIR's lock: a crawl runs on it (or a requeue does).
 
@@ -292,24 +315,10 @@ class JobDir:
         Reads the snapshot's header line only; called before the spider opens.
         """
         try:
-            with open(self.snapshot_path, encoding="utf-8") as f:
-                first = f.readline()
-        except FileNotFoundError:
-            return
-        if not first.startswith('{"banker":'):
-            return  # not a header: the replay reports and dead-letters the line
-        try:
-            version = json.loads(first).get("version")
-        except (ValueError, AttributeError):
-            return
-        if version != SNAPSHOT_VERSION:
-            self._failed = f"snapshot version {version!r}"
-            raise UnresumableJobdir(
-                f"JOBDIR {self.root} cannot be resumed by this scrapy-banker: its snapshot "
-                f"({self.snapshot_path}) has layout version {version!r}, this version reads "
-                f"{SNAPSHOT_VERSION}; resume it with the scrapy-banker that wrote it, or give "
-                "the crawl another JOBDIR"
-            )
+            check_resumable(self.root)
+        except UnresumableJobdir as exc:
+            self._failed = str(exc)
+            raise
 
     def _check_writable(self) -> None:
         if self._failed is not None:

@@ -56,7 +56,7 @@ class ControlFile:
         self.folder = os.path.join(jobdir, "banker")
         self.path = os.path.join(self.folder, CONTROL_FILE)
         self.log_path = os.path.join(self.folder, CONTROL_LOG)
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._bad_logged = False
         #: Reads of a file that is not a valid control document.
         self.malformed = 0
@@ -69,7 +69,9 @@ class ControlFile:
             st = os.stat(self.path)
         except FileNotFoundError:
             return None
-        stamp = (st.st_mtime_ns, st.st_size)
+        # Every write is a new file renamed over the old one: a new inode even
+        # when the size and the time stamp (coarse on some file systems) are the same.
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return None
         self._stamp = stamp

@@ -139,10 +139,11 @@ def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
     A fleet's budget counts are in Redis: only the most charged hosts' are
     kept (:data:`BUDGET_HOSTS_SHOWN`) plus every host a directive names;
     ``hosts_total`` and ``held_total`` say how many there are in all.  A
-    single process counts in its own memory: ``counts`` is None for a JOBDIR.
+    single process's are read from its JOBDIR's files, as ``control --jobdir`` does.
     """
     from scrapy_banker.core.control import ControlState
     from scrapy_banker.ops.control import JobdirController
+    from scrapy_banker.ops.jobdir_view import jobdir_budgets
 
     errors: list[str] = []
     state: ControlState | None
@@ -159,11 +160,16 @@ def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
         errors.append(f"the control file cannot be read: {exc}")
     counts: dict[str, Any] | None = None
     shown: set[str] = set() if state is None else set(state.hosts)
-    if not isinstance(controller, JobdirController):
-        try:
+    try:
+        if isinstance(controller, JobdirController):
+            # Exact from the JOBDIR's files: the snapshot's counts plus the journal's pages.
+            counts = jobdir_budgets(
+                controller.jobdir, controller.config.budgets(), state or ControlState()
+            ).counts_json()
+        else:
             counts = controller.channel.counts().to_json()
-        except ValueError as exc:  # a count that is not an integer
-            errors.append(f"budget counts unreadable: {exc}")
+    except ValueError as exc:  # a count that is not an integer; a JOBDIR with nothing yet
+        errors.append(f"budget counts unreadable: {exc}")
     if counts is not None:
         charged: dict[str, int] = counts["hosts"]
         held: dict[str, int] = counts["held"]

@@ -234,14 +234,18 @@ def test_pause_limit_delay_purge_inject_and_a_raised_budget_from_the_command_lin
         unknown = banker(server, "pause", "nowhere.example")
         assert unknown.returncode == 2
         assert "queued no request of 'nowhere.example'" in unknown.stderr
+        # The delay and the limit first: their hosts are smaller than the paused
+        # and purged ones, and must still have pages left once the directive lands.
+        assert banker(server, "delay", delayed, "0.4").returncode == 0
+        delayed_at = time.time()
+        assert banker(server, "limit", limited, "1").returncode == 0
+        limited_at = time.time()
         done = banker(server, "pause", paused)
         assert done.returncode == 0, done.stderr
         paused_at = time.time()
         gone = banker(server, "purge", purged, "--json")
         assert gone.returncode == 0, gone.stderr
         n_purged = json.loads(gone.stdout)["purged"]
-        assert banker(server, "limit", limited, "1").returncode == 0
-        assert banker(server, "delay", delayed, "0.4").returncode == 0
         assert banker(server, "pause", "topic:slowtopic").returncode == 0
         bad_topic = banker(server, "pause", "topic:nosuch")
         assert bad_topic.returncode == 2 and "no topic 'nosuch'" in bad_topic.stderr
@@ -255,14 +259,19 @@ def test_pause_limit_delay_purge_inject_and_a_raised_budget_from_the_command_lin
         settle = acted_at + 2 * HEARTBEAT_S
         # The limit: from then on never more than one request in flight on the host.
         inflight, worst = 0, 0
+        limit_settled = limited_at + 2 * HEARTBEAT_S
         for at, step in events[limited]:
             inflight += step
-            if at > settle:
+            if at > limit_settled:
                 worst = max(worst, inflight)
         assert worst <= 1, worst
-        assert [at for at, step in events[limited] if step == 1 and at > settle]  # it went on
+        # It went on.
+        assert [at for at, step in events[limited] if step == 1 and at > limit_settled]
         # The delay: arrivals at least 0.4 s apart (a little less for the clocks).
-        arrivals = [at for at, step in events.get(delayed, []) if step == 1 and at > settle]
+        delay_settled = delayed_at + 2 * HEARTBEAT_S
+        arrivals = [
+            at for at, step in events.get(delayed, []) if step == 1 and at > delay_settled
+        ]
         gaps = [b - a for a, b in itertools.pairwise(arrivals)]
         assert gaps and min(gaps) >= 0.35, gaps
         # The paused topic's host: nothing after the heartbeat, then resumed.

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from scrapy_banker.core.journal import PageCounts
+
 __all__ = [
     "CRAWL",
     "VERBS",
@@ -476,21 +478,22 @@ class BudgetRules:
         )
 
 
-class BudgetBook:
+class BudgetBook(PageCounts):
     """Pages charged per host, per topic and crawl-wide on one node (a fleet counts in Redis).
 
-    A request is charged when it leaves for the downloader and refunded if
-    it comes back unfetched (put back by pushback, held back at the wire).
-    :meth:`charge` refuses a request whose host, topic or crawl is spent:
-    the caller keeps it aside, visible, until a budget is raised.
+    The counts are a :class:`~scrapy_banker.core.journal.PageCounts` (what a
+    JOBDIR's files count too).  A request is charged when it leaves for the
+    downloader and refunded if it comes back unfetched (put back by
+    pushback, held back at the wire).  :meth:`charge` refuses a request whose
+    host, topic or crawl is spent: the caller keeps it aside, visible, until
+    a budget is raised; with no budget in force pages are counted with
+    :meth:`~scrapy_banker.core.journal.PageCounts.add`.
     """
 
     def __init__(self, rules: BudgetRules) -> None:
+        super().__init__()
         self.rules = rules
         self.state: ControlState | None = None
-        self.hosts: dict[str, int] = {}
-        self.topics: dict[str, int] = {}
-        self.crawl = 0
 
     def over(self, host: str, topic: str) -> str | None:
         """Which budget a request of ``host``/``topic`` would exceed (None: none)."""
@@ -510,17 +513,8 @@ class BudgetBook:
         """Charge one page, or say which budget is spent (nothing charged then)."""
         reason = self.over(host, topic)
         if reason is None:
-            self.hosts[host] = self.hosts.get(host, 0) + 1
-            self.topics[topic] = self.topics.get(topic, 0) + 1
-            self.crawl += 1
+            self.add(host, topic)
         return reason
-
-    def count(self, host: str, topic: str) -> None:
-        """Count one page with no budget in force (what a budget set later starts from)."""
-        hosts, topics = self.hosts, self.topics
-        hosts[host] = hosts.get(host, 0) + 1
-        topics[topic] = topics.get(topic, 0) + 1
-        self.crawl += 1
 
     def refund(self, host: str, topic: str) -> None:
         if self.hosts.get(host, 0) > 0:
@@ -533,18 +527,6 @@ class BudgetBook:
     def crawl_spent(self) -> bool:
         budget = self.rules.crawl_budget(self.state)
         return budget is not None and self.crawl >= budget
-
-    def to_json(self) -> dict[str, Any]:
-        return {"hosts": dict(self.hosts), "topics": dict(self.topics), "crawl": self.crawl}
-
-    def restore(self, data: Mapping[str, Any]) -> None:
-        """Counts from :meth:`to_json` (a JOBDIR snapshot); ``ValueError`` if malformed."""
-        hosts, topics = data.get("hosts", {}), data.get("topics", {})
-        if not isinstance(hosts, Mapping) or not isinstance(topics, Mapping):
-            raise ValueError("budget counts must be objects")
-        self.hosts = {str(h): _count(f"hosts[{h!r}]", n) for h, n in hosts.items()}
-        self.topics = {str(t): _count(f"topics[{t!r}]", n) for t, n in topics.items()}
-        self.crawl = _count("crawl", data.get("crawl", 0))
 
 
 def _shown(value: float) -> str:

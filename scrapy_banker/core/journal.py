@@ -45,7 +45,7 @@ dead-letter.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -229,20 +229,21 @@ class PageCounts:
         return {"hosts": dict(self.hosts), "topics": dict(self.topics), "crawl": self.crawl}
 
     def restore(self, data: Any) -> None:
-        """Counts from :meth:`to_json` (a snapshot header); ``ValueError`` if malformed."""
-        if not isinstance(data, dict):
+        """Counts from :meth:`to_json` (a snapshot header); ``ValueError`` naming what is
+        malformed."""
+        if not isinstance(data, Mapping):
             raise ValueError(f"expected an object, got {type(data).__name__}")
         hosts, topics = data.get("hosts", {}), data.get("topics", {})
-        if not isinstance(hosts, dict) or not isinstance(topics, dict):
+        if not isinstance(hosts, Mapping) or not isinstance(topics, Mapping):
             raise ValueError("budget counts must be objects")
-        self.hosts = {str(h): _count(n) for h, n in hosts.items()}
-        self.topics = {str(t): _count(n) for t, n in topics.items()}
-        self.crawl = _count(data.get("crawl", 0))
+        self.hosts = {str(h): _count(f"hosts[{h!r}]", n) for h, n in hosts.items()}
+        self.topics = {str(t): _count(f"topics[{t!r}]", n) for t, n in topics.items()}
+        self.crawl = _count("crawl", data.get("crawl", 0))
 
 
-def _count(value: Any) -> int:
+def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"a page count must be a non-negative integer, not {value!r}")
+        raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
     return value
 
 

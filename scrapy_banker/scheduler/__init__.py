@@ -117,7 +117,6 @@ class BankerScheduler(BaseScheduler):
             if isinstance(jobdir, JobDir) and self.control is not None
             else None
         )
-        self._control_poll_at = 0.0
         #: Polls the control file even while nothing is fetched (a fully paused crawl).
         self._control_timer: LoopingCall | None = None
         store_dead_letter = getattr(store, "dead_letter", None)
@@ -198,10 +197,13 @@ class BankerScheduler(BaseScheduler):
             connect(self._response_downloaded, signal=signals.response_downloaded)
         if self.control is not None and self.control.counting:
             connect(self._spider_idle, signal=signals.spider_idle)
+        opened = self.store.open(spider)
         if self.control_file is not None:
-            self._control_timer = LoopingCall(self._poll_control_now)
-            self._control_timer.start(CONTROL_POLL_S, now=False)
-        return self.store.open(spider)
+            # Read at once (a resumed crawl's directives hold before its first
+            # request leaves), then every POLL_S whether requests flow or not.
+            self._control_timer = LoopingCall(self._poll_control)
+            self._control_timer.start(CONTROL_POLL_S, now=True)
+        return opened
 
     def close(self, reason: str) -> Deferred[None] | None:
         disconnect = self.crawler.signals.disconnect
@@ -261,8 +263,6 @@ class BankerScheduler(BaseScheduler):
         now = self.clock()
         store = self.store
         store.refill(now)
-        if self.control_file is not None and now >= self._control_poll_at:
-            self._poll_control(now)
         if now >= self._politeness_flush_at:
             self._flush_politeness(now)
         entry = self._pop(now)
@@ -373,18 +373,11 @@ class BankerScheduler(BaseScheduler):
         if reason is not None and not len(self.queue):
             raise CloseSpider(reason)
 
-    def _poll_control_now(self) -> None:
-        """The timer's poll: a change is applied (and the engine woken) within ``POLL_S``."""
-        now = self.clock()
-        if now >= self._control_poll_at - 0.05:
-            self._poll_control(now)
-
-    def _poll_control(self, now: float) -> None:
-        """Follow ``JOBDIR/banker/control.json`` (once a second; see
+    def _poll_control(self) -> None:
+        """Follow ``JOBDIR/banker/control.json`` (the timer's, once a second; see
         :mod:`~scrapy_banker.scheduler.control_file`)."""
         control_file = self.control_file
         assert control_file is not None
-        self._control_poll_at = now + CONTROL_POLL_S
         state = control_file.poll()
         if control_file.malformed:
             self.stats.set_value("banker/control/malformed", control_file.malformed)

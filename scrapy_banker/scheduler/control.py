@@ -186,7 +186,7 @@ class ControlGate:
         if book is None:
             return True
         if not self._budgets:
-            book.count(entry.slot, entry.topic)
+            book.add(entry.slot, entry.topic)
             entry.item.meta[META_CHARGED] = Charge(entry.slot, entry.topic)
             return True
         reason = book.charge(entry.slot, entry.topic)

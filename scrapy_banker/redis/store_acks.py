@@ -73,7 +73,7 @@ class AckBook:
 
     def ack_finished(self, everything: bool = False) -> None:
         """Acknowledge dispatched requests the engine is completely done with."""
-        if not self.pending and not self._finished:
+        if not self.outstanding:
             return
         now = time.monotonic()
         if not everything and now < self._next_scan:

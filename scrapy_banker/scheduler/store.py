@@ -345,8 +345,6 @@ class MemoryStore:
         this record); without the engine's view, once its slot was released.
         """
         in_progress = requests_in_progress(self.parts.crawler)
-        done: list[int] = []
-        free: list[int] = []
         for request in list(self._inflight):
             if in_progress is None:
                 if request.meta.get(META_SLOT) is not None:
@@ -354,12 +352,9 @@ class MemoryStore:
             elif request in in_progress:
                 continue
             seq = self._inflight.pop(request)
-            done.append(seq)
+            self._finished.append(seq)
             if unused(request):
-                free.append(seq)
-        if done:
-            self._finished += done
-            self._finished_free += free
+                self._finished_free.append(seq)
         if self._finished:
             self._record_done(time.monotonic())
 

@@ -415,6 +415,37 @@ def test_a_rebalance_triggers_a_plan_on_the_next_beat(
     assert agent.runs == 2
 
 
+def test_no_plan_while_the_table_and_the_live_nodes_differ(
+    redis_client: redis.Redis, registry: NodeRegistry
+) -> None:
+    """A node still in the table but late with its heartbeats gets no plan made without it.
+
+    Planned over the live nodes alone, every site would go to them while the
+    late node kept its share of the other partitions (the fleet test once saw
+    one node of three with no site at all).
+    """
+    _two_nodes(registry)
+    before = registry.load_table()
+    x_part, y_part = before.owned_by("b")[0], before.owned_by("a")[0]
+    agent = _agent(redis_client, "a", placement="hungarian", interval=60.0)
+    _plant_rtts(redis_client, agent)
+    agent.note_site(x_part, "x.test", "http")
+    agent.note_site(y_part, "y.test", "http")
+    redis_client.zadd(registry.keyspace.heartbeats, {"b": 0})  # b misses its beats
+    assert set(registry.live_nodes()) == {"a"}
+    assert agent.beat(registry) == [] and agent.runs == 0
+    assert registry.load_table().owners == before.owners  # nothing moved to a
+    assert redis_client.exists(agent.placed_key) == 0
+    assert redis_client.exists(agent.plan_key) == 0  # the gate is not held for an interval
+    # b beats again: the table and the live nodes agree, the plan runs at once.
+    registry.heartbeat("b")
+    moves = agent.beat(registry)
+    assert agent.runs == 1
+    assert sorted(m.partition for m in moves) == sorted([x_part, y_part])
+    after = registry.load_table()
+    assert after.owners[x_part] == "a" and after.owners[y_part] == "b"
+
+
 def test_garbage_in_redis_does_not_break_planning(
     redis_client: redis.Redis, registry: NodeRegistry
 ) -> None:

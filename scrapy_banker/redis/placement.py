@@ -168,14 +168,22 @@ class PlacementAgent:
         # registry.update passes on only the moves; the rest of the plan is kept
         # here, to be published once the table is written.
         planned: list[tuple[PlacementProblem, PlacementResult]] = []
+        unsettled: list[bool] = []
 
         def change(table: PartitionTable, live: dict[str, float]) -> list[Move]:
+            if {o for o in table.owners if o is not None} != set(live):
+                # A node joined, left or missed its heartbeats and the rebalance
+                # has not run yet: a plan over ``live`` alone would give every
+                # site to the others while the table's other node keeps its
+                # share of the rest.  The rebalance comes first; plan after it.
+                unsettled.append(True)
+                return []
             problem, result = self.plan(table, live)
             planned.append((problem, result))
             return table.assign({p: result.owners[p] for p in result.moves})
 
         moves = registry.update(self.node, change)
-        if moves is None:  # a rebalance holds the table: retry on the next beat
+        if moves is None or unsettled:  # the table is busy or unsettled: retry next beat
             if interval_ms > 0:
                 client.delete(self.plan_key)
             self._next_plan = now

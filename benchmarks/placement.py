@@ -377,7 +377,7 @@ def site_partitions(
     out: dict[str, int] = {}
     for url in seeds:
         request = Request(url)
-        key_hash = scheduler.classifier.classify(request).key_hash
+        key_hash = scheduler.parts.classifier.classify(request).key_hash
         out[site_of(request)] = key_hash % rconfig.partitions
     return rconfig.prefix, out
 

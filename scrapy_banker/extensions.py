@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
-from scrapy_banker.scheduler.engine import running_scheduler
+from scrapy_banker.scheduler import running_banker
 from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:
@@ -122,12 +122,12 @@ class BankerTopicAdjuster:
             self._task.stop()
 
     def adjust(self) -> dict[str, float] | None:
-        scheduler = running_scheduler(self.crawler)
-        topics = getattr(scheduler, "topics", None)
-        if topics is None:
+        scheduler = running_banker(self.crawler)
+        if scheduler is None:
             logger.warning("BankerTopicAdjuster needs BankerScheduler; slices are not adjusted")
             self.spider_closed(self.crawler.spider, "no banker scheduler")  # type: ignore[arg-type]
             return None
+        topics = scheduler.queue.topics
         yields: dict[str, int] = {}
         for state in topics:
             name = state.name

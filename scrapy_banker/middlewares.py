@@ -10,7 +10,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
 from scrapy_banker.core.meta import META_GRANT, META_SLOT
-from scrapy_banker.scheduler.engine import running_scheduler
+from scrapy_banker.scheduler import running_banker
 from scrapy_banker.scheduler.politeness import HeldBack
 from scrapy_banker.scheduler.topic import request_topic
 from scrapy_banker.settings import core_config
@@ -133,18 +133,17 @@ class BankerDownloaderMiddleware:
         self.stats.inc_value(f"banker/topic/{topic}/response_bytes", len(response.body))
         self._release(request, "response")
         if self.pushback:
-            pushback = getattr(running_scheduler(self.crawler), "pushback", None)
-            if pushback is not None:
-                result: Response | Request = pushback(request, response)
-                return result
+            scheduler = running_banker(self.crawler)
+            if scheduler is not None:
+                return scheduler.pushback(request, response)
         return response
 
     def _release(self, request: Request, outcome: str) -> None:
         meta = request.meta
         if meta.get(META_SLOT) is not None or META_GRANT in meta:
-            release = getattr(running_scheduler(self.crawler), "release", None)
-            if release is not None:
-                release(request, outcome)
+            scheduler = running_banker(self.crawler)
+            if scheduler is not None:
+                scheduler.release(request, outcome)
 
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
@@ -153,8 +152,8 @@ class BankerDownloaderMiddleware:
             # Taken out of its slot's queue when its host pushed back: not a network
             # error, nothing was sent; put back into the scheduler.
             self._release(request, "held_back")
-            gate = getattr(running_scheduler(self.crawler), "politeness_gate", None)
-            return None if gate is None else gate.held_back(request)
+            scheduler = running_banker(self.crawler)
+            return None if scheduler is None else scheduler.parts.politeness.held_back(request)
         topic = request_topic(request, self.config, self.stats)
         self.stats.inc_value(f"banker/topic/{topic}/exceptions")
         self._release(request, "exception")

@@ -32,7 +32,12 @@ from scrapy.utils.test import get_crawler
 from scrapy_banker.core.meta import META_LEASE
 from scrapy_banker.core.ops import LeaseToken
 from scrapy_banker.redis.fence import LeaseFence, LeaseFenced
+from scrapy_banker.scheduler import BankerScheduler
+from scrapy_banker.scheduler.parts import build
+from scrapy_banker.scheduler.seams import StoreFeatures
+from scrapy_banker.scheduler.store import MemoryStore
 from scrapy_banker.scheduler.wire import GivenBack, WireGateMiddleware
+from scrapy_banker.settings import load_config
 
 PARTITIONS = 8
 NOW = 1234.5
@@ -224,8 +229,10 @@ class FakeHandlers:
 def _wire(fence: LeaseFence) -> tuple[WireGateMiddleware, FakeHandlers]:
     crawler = get_crawler(Spidey)
     handlers = FakeHandlers()
-    # A running scheduler with no politeness gate to check: only the store's fence.
-    scheduler = SimpleNamespace(store=SimpleNamespace(fence=fence), politeness_gate=None)
+    # A running scheduler whose store has a fence (its hosts have no politeness state).
+    parts, _ = build(crawler, load_config(crawler.settings), MemoryStore)
+    store = SimpleNamespace(features=StoreFeatures(fence=fence))
+    scheduler = BankerScheduler(parts, store)  # type: ignore[arg-type]
     crawler.engine = SimpleNamespace(  # type: ignore[assignment]
         scheduler=scheduler, downloader=SimpleNamespace(handlers=handlers)
     )

@@ -382,7 +382,7 @@ def test_read_control_follows_the_schedulers_gate_and_the_settings_budgets() -> 
         Action("budget", "c.test", 3), Action("budget", "crawl", 50),
     ):  # fmt: skip
         state = state.apply(action)
-    scheduler.apply_control(state)
+    scheduler.control.apply(state)
     crawler.stats.set_value("banker/budget/held", 4)
     reading = read_control(scheduler, crawler.stats)
     assert reading is not None
@@ -397,8 +397,8 @@ def test_read_control_follows_the_schedulers_gate_and_the_settings_budgets() -> 
     assert "banker_paused_hosts [] 2" in lines
     assert "banker_budget_pages [('name', 'crawl'), ('scope', 'crawl')] 50" in lines
 
-    # A scheduler without a control gate (or not a BankerScheduler): nothing.
-    assert read_control(object()) is None
+    # No BankerScheduler running: nothing.
+    assert read_control(None) is None
 
 
 @pytest.mark.slow

@@ -121,7 +121,7 @@ def _open(settings: dict[str, Any] | None = None, *, job: Path | None = None) ->
     )
     scheduler = crawler.engine.scheduler = BankerScheduler.from_crawler(crawler)
     clock = Clock()
-    gate = scheduler.politeness_gate
+    gate = scheduler.parts.politeness
     gate.clock, gate.schedule = clock, clock.schedule
     gate.politeness._rng = random.Random(7)
     scheduler.clock_ = clock
@@ -403,7 +403,7 @@ def test_a_malformed_politeness_field_is_ignored_with_a_warning(
 def test_the_store_hears_of_changed_states_about_once_a_second_and_at_close() -> None:
     s = _open()
     heard: list[dict[str, HostState]] = []
-    s._politeness_changed = lambda changed: heard.append(dict(changed))
+    s.store.politeness_changed = lambda changed: heard.append(dict(changed))  # type: ignore[method-assign]
     s.politeness.refused("a.test", T0, 5.0)
     s.next_request()  # the first poll hands them over
     s.politeness.crawl_delay("b.test", 1.0)
@@ -414,12 +414,12 @@ def test_the_store_hears_of_changed_states_about_once_a_second_and_at_close() ->
     # adopt(): a store taking hosts over merges what it read with what it knows.
     t = _open()
     t.enqueue_request(Request("http://a.test/x"))
-    t.politeness_gate.adopt({"a.test": HostState(blocked_until=T0 + 60.0, refusals=2)})
+    t.parts.politeness.adopt({"a.test": HostState(blocked_until=T0 + 60.0, refusals=2)})
     assert t.politeness.take_changed() == {}  # not reported back where it came from
     assert _next(t) == []  # the block it read holds here
     # A state read that is older than this node's own refusal does not lift it.
     t.politeness.refused("b.test", T0, 60.0)
-    t.politeness_gate.adopt({"b.test": HostState()})
+    t.parts.politeness.adopt({"b.test": HostState()})
     assert t.politeness.get("b.test").blocked_until == T0 + 60.0
     assert t.politeness.get("a.test").refusals == 2
 

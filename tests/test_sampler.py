@@ -56,11 +56,11 @@ def test_a_sample_counts_topics_slots_and_the_bankers_state() -> None:
     assert sum(t.queued for t in sample.topics.values()) == sample.queued == len(scheduler) == 5
     # No downloader here: a slot's transfers are what was handed out, within its limit.
     assert len(sample.slots) <= 2
-    handed = scheduler.downloader.inflight
+    handed = scheduler.parts.downloader.inflight
     assert [s.inflight for s in sample.slots] == sorted(handed.values(), reverse=True)[:2]
     assert all(s.limit == 4 and s.inflight <= s.limit for s in sample.slots)
     for s in sample.slots:
-        assert s.queued == scheduler.frontier.slot_backlog(s.slot)
+        assert s.queued == scheduler.queue.frontier.slot_backlog(s.slot)
     assert sample.inflight == 0  # nothing is in a downloader
     assert sample.banker is not None
     assert sample.banker.total == sample.banker.available == {"sessions": 3}

@@ -154,7 +154,7 @@ def test_missed_wakeup_is_recovered_when_downloader_is_idle() -> None:
     dl.active.clear()
     second = scheduler.next_request()
     assert second is not None and second.url.endswith("/2")
-    assert scheduler.frontier.unblock_sweeps == 1
+    assert scheduler.queue.frontier.unblock_sweeps == 1
 
 
 def test_topic_priority_preempts_and_equal_topics_share() -> None:
@@ -241,7 +241,7 @@ def test_jobdir_resume_is_exact(tmp_path: Path) -> None:
     assert [r.url for r in served] == [r.url for r in ref_served]
     for request in served:  # their callbacks ran: done (without an engine: slot released)
         first.release(request, "response")
-    first.topics.adjust({"news": 10})
+    first.queue.topics.adjust({"news": 10})
     buckets_before = first.directory.to_state()
     first.close("shutdown")
     assert first.stats.get_value("banker/jobdir/saved") == 50
@@ -251,7 +251,7 @@ def test_jobdir_resume_is_exact(tmp_path: Path) -> None:
     assert len(second) == 50
     assert second.stats.get_value("banker/jobdir/restored") == 50
     assert second.directory.to_state() == buckets_before
-    assert second.topics["news"].slice_total == pytest.approx(0.4)
+    assert second.queue.topics["news"].slice_total == pytest.approx(0.4)
     rest = _drain(second)
     ref_rest = _drain(reference)
     # Same pending set, same per-lane order, requests intact (callback, meta, kwargs).
@@ -339,7 +339,6 @@ def test_unparsable_url_is_logged_counted_and_skipped(caplog: pytest.LogCaptureF
     assert scheduler.stats.get_value("banker/queue/malformed_url") == 1
 
 
-
 class FailingFingerprinter:
     """A user's fingerprinter with a bug."""
 
@@ -365,9 +364,10 @@ def test_unserializable_requests_are_logged_once_in_scrapys_words(
     assert scheduler.stats.get_value("scheduler/unserializable") == 3
     assert scheduler.stats.get_value("scheduler/enqueued/memory") == 3
 
+
 # -- drop-in: what Scrapy's own scheduler accepts, and its stats keys ---------------------
 
-DROP_IN_SPIDER = '''
+DROP_IN_SPIDER = """
 import json, sys
 import scrapy
 from scrapy.crawler import CrawlerProcess
@@ -408,11 +408,13 @@ if len(sys.argv) > 6:
 process = CrawlerProcess(settings)
 process.crawl(Spider)
 process.start()
-'''
+"""
 
 
 def _drop_in_crawl(
-    tmp_path: Path, jobdir: str, scheduler: str = "scrapy_banker.scheduler.BankerScheduler",
+    tmp_path: Path,
+    jobdir: str,
+    scheduler: str = "scrapy_banker.scheduler.BankerScheduler",
     *extra: str,
 ) -> tuple[dict[str, Any], dict[str, str], str]:
     from scrapy_banker.testing.farm import FarmConfig, WebFarm
@@ -465,9 +467,7 @@ def test_jobdir_counts_disk_and_unserializable_as_scrapy_does(tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.scrapy213
-def test_data_and_file_urls_through_the_redis_store(
-    tmp_path: Path, redis_server: Any
-) -> None:
+def test_data_and_file_urls_through_the_redis_store(tmp_path: Path, redis_server: Any) -> None:
     stats, fetched, _ = _drop_in_crawl(
         tmp_path, "-", "scrapy_banker.redis.scheduler.BankerRedisScheduler", redis_server.url
     )
@@ -479,7 +479,7 @@ def test_data_and_file_urls_through_the_redis_store(
 
 # -- politeness under both reactors -------------------------------------------------------
 
-POLITE_SPIDER = '''
+POLITE_SPIDER = """
 import json, sys
 import scrapy
 from scrapy.crawler import CrawlerProcess
@@ -514,7 +514,7 @@ process = CrawlerProcess({
 })
 process.crawl(Spider)
 process.start()
-'''
+"""
 
 
 @pytest.mark.slow

@@ -62,15 +62,18 @@ class Rig:
         self.view = SimpleNamespace(inflight={}, downloader=SimpleNamespace(slots=self.slots))
         self.stats = StatsCollector(get_crawler())
         self.room = room
+        #: Slot -> when its last request went to the wire (the politeness gate's record).
+        self.wire: dict[str, float] = {}
         self.gate = ControlGate(
             self.stats,
             self.view,  # type: ignore[arg-type]
             lambda slot: self.room,
             rules or BudgetRules(),
+            last_wire=lambda slot: self.wire.get(slot, 0.0),
+            on_ready=self.ready.append,
             clock=lambda: self.now,
             schedule=self._schedule,
         )
-        self.gate.on_ready = self.ready.append
         self._seq = 0
 
     def _schedule(self, delay: float, func: Callable[[], Any]) -> FakeTimer:
@@ -120,7 +123,7 @@ def test_a_delayed_host_waits_its_delay_and_the_timer_wakes_its_slot() -> None:
     rig = Rig()
     rig.gate.apply(directives(("delay", HOST, "2")))
     assert rig.gate.is_free(HOST)  # nothing sent yet
-    rig.gate.sent(HOST, rig.now)
+    rig.wire[HOST] = rig.now
     rig.now += 0.5
     assert not rig.gate.is_free(HOST)
     assert not rig.gate.is_free(HOST)
@@ -136,11 +139,11 @@ def test_a_delayed_host_waits_its_delay_and_the_timer_wakes_its_slot() -> None:
 def test_a_delay_schedules_a_new_wake_up_after_the_last_one_fired() -> None:
     rig = Rig()
     rig.gate.apply(directives(("delay", HOST, "1")))
-    rig.gate.sent(HOST, rig.now)
+    rig.wire[HOST] = rig.now
     assert not rig.gate.is_free(HOST)
     rig.now += 1
     rig.timers[0].fire()
-    rig.gate.sent(HOST, rig.now)
+    rig.wire[HOST] = rig.now
     assert not rig.gate.is_free(HOST)
     assert len(rig.timers) == 2
 
@@ -158,7 +161,7 @@ def test_a_limited_host_has_no_room_at_its_limit() -> None:
 def test_close_cancels_a_pending_wake_up() -> None:
     rig = Rig()
     rig.gate.apply(directives(("delay", HOST, "5")))
-    rig.gate.sent(HOST, rig.now)
+    rig.wire[HOST] = rig.now
     assert not rig.gate.is_free(HOST)
     rig.gate.close()
     assert rig.timers[0].cancelled
@@ -176,14 +179,13 @@ def test_a_request_of_a_paused_host_is_held_back_at_the_wire_and_counted() -> No
     assert rig.stat("banker/control/held_back") == 1
 
 
-def test_the_operators_delay_spaces_requests_at_the_wire_on_top_of_politeness() -> None:
+def test_the_operators_delay_is_what_the_wire_spaces_a_hosts_requests_by_at_least() -> None:
     rig = Rig()
     request = rig.entry(HOST).item
-    assert rig.gate.at_wire(request, 0.25) == 0.25
+    assert rig.gate.delay(request) == 0.0
     rig.gate.apply(directives(("delay", HOST, "3")))
-    assert rig.gate.at_wire(request, 0.25) == 3.0
-    assert rig.gate.at_wire(request, 10.0) == 10.0  # a longer Crawl-delay wins
-    assert rig.gate.at_wire(rig.entry(OTHER).item, 0.25) == 0.25
+    assert rig.gate.delay(request) == 3.0
+    assert rig.gate.delay(rig.entry(OTHER).item) == 0.0
 
 
 # -- budgets on one node -----------------------------------------------------------------

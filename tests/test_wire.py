@@ -27,6 +27,7 @@ handlers are fakes.  The waits the handler makes are real reactor timers
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -38,8 +39,13 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.test import get_crawler
 from twisted.internet import defer
 
+from scrapy_banker.core.control import ControlState, parse_action
 from scrapy_banker.core.meta import META_SLOT
+from scrapy_banker.scheduler import BankerScheduler, running_banker
+from scrapy_banker.scheduler.parts import build
 from scrapy_banker.scheduler.politeness import HeldBack, PolitenessGate
+from scrapy_banker.scheduler.seams import StoreFeatures
+from scrapy_banker.scheduler.store import MemoryStore
 from scrapy_banker.scheduler.wire import GivenBack, WireGateMiddleware
 from scrapy_banker.settings import load_config
 
@@ -110,8 +116,9 @@ def _setup(
     gate = PolitenessGate(
         load_config(crawler.settings), crawler.stats, lambda slot: True, clock=clock
     )
-    store = SimpleNamespace() if fence is None else SimpleNamespace(fence=fence)
-    scheduler = SimpleNamespace(store=store, politeness_gate=gate)
+    parts, _ = build(crawler, load_config(crawler.settings), MemoryStore)
+    store = SimpleNamespace(features=StoreFeatures(fence=fence))  # type: ignore[arg-type]
+    scheduler = BankerScheduler(dataclasses.replace(parts, politeness=gate), store)  # type: ignore[arg-type]
     engine = SimpleNamespace(
         scheduler=scheduler,
         downloader=SimpleNamespace(handlers=AsyncHandlers() if handlers is None else handlers),
@@ -188,15 +195,31 @@ def test_process_exception_turns_back_only_what_a_store_gave_back() -> None:
     assert mw.process_exception(request, ConnectionError("reset")) is None
 
 
-def test_nothing_is_checked_or_wrapped_under_a_scheduler_with_nothing_to_check() -> None:
-    # BANKER_PUSHBACK off, no operator control, a store without a fence.
+def test_with_pushback_off_only_the_operators_directives_are_checked_at_the_wire() -> None:
+    # BANKER_PUSHBACK off, a store without a fence: a refused host is not held...
     mw, gate, clock = _setup({"BANKER_PUSHBACK": False})
     handlers = _handlers(mw)
     original = handlers.download_request_async
     gate.politeness.refused("a.test", clock.now, 30.0)
     assert mw.process_request(_req("http://a.test/1")) is None
-    assert not mw.wrapped
-    assert handlers.download_request_async == original
+    # ...but an operator may pause a host at any moment: the handlers are wrapped.
+    assert mw.wrapped
+    assert handlers.download_request_async != original
+    scheduler = running_banker(mw.crawler)
+    assert scheduler is not None
+    scheduler.control.apply(ControlState().apply(parse_action("pause", ["a.test"])))
+    with pytest.raises(HeldBack, match="paused by an operator"):
+        mw.process_request(_req("http://a.test/2"))
+
+
+def test_the_operators_delay_is_a_floor_under_the_hosts_own_interval_at_the_wire() -> None:
+    _, gate, clock = _setup()
+    assert gate.at_wire(_req("http://a.test/1"), 3.0) == 0.0  # nothing sent before
+    assert gate.at_wire(_req("http://a.test/2"), 3.0) == pytest.approx(3.0)
+    gate.politeness.crawl_delay("a.test", 5.0)  # a longer Crawl-delay wins
+    assert gate.at_wire(_req("http://a.test/3"), 3.0) == pytest.approx(8.0)
+    assert gate.last_wire("a.test") == pytest.approx(clock.now + 8.0)
+    assert gate.at_wire(_req("http://b.test/1", "b.test"), 0.0) == 0.0
 
 
 def test_before_the_scheduler_runs_nothing_is_checked_and_it_is_looked_up_again() -> None:

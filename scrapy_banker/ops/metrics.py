@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from scrapy.exceptions import NotConfigured
 
-from scrapy_banker.core.control import CRAWL, BudgetRules, ControlState
+from scrapy_banker.core.control import CRAWL
 from scrapy_banker.ops.timeseries import SamplingExtension
 from scrapy_banker.settings import ops_config
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_banker.core.telemetry import Sample
+    from scrapy_banker.scheduler import BankerScheduler
     from scrapy_banker.settings import OpsConfig
 
 logger = logging.getLogger(__name__)
@@ -136,20 +137,21 @@ def read_counters(stats: StatsCollector) -> tuple[dict[str, int], dict[str, int]
     return dead, deferred
 
 
-def read_control(scheduler: Any, stats: StatsCollector | None = None) -> ControlReading | None:
+def read_control(
+    scheduler: BankerScheduler | None, stats: StatsCollector | None = None
+) -> ControlReading | None:
     """What the scheduler follows of the operator's control, or None (it follows none).
 
     Reactor thread only: the scheduler's ``control`` gate
     (:class:`~scrapy_banker.scheduler.control.ControlGate`) holds the state
     it applies and the settings' budget rules; a single node counts pages in
     the gate's budget book, a fleet in Redis, whose crawl count the worker
-    thread last read (``store.crawl_charged``).
+    thread last read (the store's ``features.telemetry.crawl_charged()``).
     """
-    control = getattr(scheduler, "control", None)
-    state = getattr(control, "state", None)
-    rules = getattr(control, "rules", None)
-    if not isinstance(state, ControlState) or not isinstance(rules, BudgetRules):
+    if scheduler is None:
         return None
+    control = scheduler.control
+    state, rules = control.state, control.rules
     budgets: list[tuple[str, str, int]] = []
     crawl = rules.crawl_budget(state)
     if crawl is not None:
@@ -166,13 +168,14 @@ def read_control(scheduler: Any, stats: StatsCollector | None = None) -> Control
     budgets += [("host", h, b) for h, b in sorted(hosts.items())]
     charged: list[tuple[str, str, int]] = []
     if rules.any(state):
-        book = getattr(control, "book", None)
+        book = control.book
+        telemetry = scheduler.store.features.telemetry
         if book is not None:  # one node: its own counts
             charged.append(("crawl", CRAWL, int(book.crawl)))
             charged += [("topic", t, int(n)) for t, n in sorted(book.topics.items())]
-        else:  # a fleet: Redis counts, the crawl's as the worker last read it
-            crawl_charged = getattr(getattr(scheduler, "store", None), "crawl_charged", None)
-            if isinstance(crawl_charged, int):
+        elif telemetry is not None:  # a fleet: Redis counts, the crawl's as last read
+            crawl_charged = telemetry.crawl_charged()
+            if crawl_charged is not None:
                 charged.append(("crawl", CRAWL, crawl_charged))
     counters = None
     if stats is not None:

@@ -24,7 +24,8 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 
 from scrapy_banker.core.telemetry import dump_sample
-from scrapy_banker.scheduler.engine import looping_call, running_scheduler
+from scrapy_banker.scheduler import running_banker
+from scrapy_banker.scheduler.engine import looping_call
 from scrapy_banker.settings import core_config, ops_config
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_banker.core.telemetry import PlacementSample, Sample
+    from scrapy_banker.scheduler import BankerScheduler
     from scrapy_banker.settings import OpsConfig
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ class SamplingExtension:
         self.crawler = crawler
         self.config = config
         self.interval = config.timeseries_interval
-        self.scheduler: Any = None
+        self.scheduler: BankerScheduler | None = None
         self._task: Any = None
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
@@ -87,8 +89,8 @@ class SamplingExtension:
             raise NotConfigured()
 
     def spider_opened(self, spider: Spider) -> None:
-        scheduler = running_scheduler(self.crawler)
-        if not callable(getattr(scheduler, "sample", None)):
+        scheduler = running_banker(self.crawler)
+        if scheduler is None:
             logger.debug("%s: no BankerScheduler running, nothing to sample", self.label)
             return
         if not self.start():
@@ -110,8 +112,10 @@ class SamplingExtension:
         self.on_close(final)
 
     def _tick(self) -> None:
+        scheduler = self.scheduler
+        assert scheduler is not None  # the task runs only once one was found
         try:
-            self.on_sample(self.scheduler.sample())
+            self.on_sample(scheduler.sample())
         except Exception:
             logger.exception("%s failed; it stops, the crawl goes on", self.label)
             if self._task is not None and self._task.running:

@@ -47,7 +47,7 @@ import os
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
@@ -72,12 +72,8 @@ from scrapy_banker.redis.store_spill import SpillKeeper
 from scrapy_banker.redis.store_telemetry import NodeTelemetry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 from scrapy_banker.scheduler.control import CLOSE_BUDGET, CLOSE_CRAWL_BUDGET
-from scrapy_banker.scheduler.engine import (
-    close_spider,
-    looping_call,
-    running_scheduler,
-    wake_engine,
-)
+from scrapy_banker.scheduler.engine import close_spider, looping_call, wake_engine
+from scrapy_banker.scheduler.seams import StoreFeatures
 from scrapy_banker.settings import redis_config
 
 if TYPE_CHECKING:
@@ -91,14 +87,13 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
-    from scrapy_banker.core.control import BudgetRules
+    from scrapy_banker.core.control import BudgetRules, ControlState
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import HostState
     from scrapy_banker.core.spill import ClaimedSpill
-    from scrapy_banker.core.telemetry import FleetSample, PlacementSample
     from scrapy_banker.redis.store_spill import Stopped
     from scrapy_banker.scheduler.classifier import Classified
-    from scrapy_banker.scheduler.store import SchedulerParts
+    from scrapy_banker.scheduler.seams import SchedulerParts
     from scrapy_banker.settings import BankerConfig, RedisConfig
 
 logger = logging.getLogger(__name__)
@@ -146,6 +141,9 @@ def _check_budgets(config: BankerConfig, rconfig: RedisConfig, budgets: BudgetRu
 
 class RedisLeaseStore:
     """Partitioned, leased, fleet-wide polite request store on Redis."""
+
+    #: Budgets are counted in Redis, atomically with the leases (``lua/charge.lua``).
+    counts_budgets: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -201,10 +199,9 @@ class RedisLeaseStore:
             parts, worker, fingerprinter, partitions=partitions, placement=self.placement
         )
         self.hosts = HostSync(parts, worker)
-        self.inbound = Inbound(parts, worker, partitions=partitions, hosts=self.hosts)
-        self.inbound.budgets = budgets
-        if parts.control is not None:
-            parts.control.book = None  # counted in Redis, with the leases
+        self.inbound = Inbound(
+            parts, worker, partitions=partitions, hosts=self.hosts, budgets=budgets
+        )
         #: Set once the crawl budget is spent: nothing more is leased, and the
         #: spider closes when what it holds is done.
         self.crawl_spent = False
@@ -226,6 +223,12 @@ class RedisLeaseStore:
             acks=self.acks, inbound=self.inbound, placement=self.placement,
         )  # fmt: skip
         self.spill = SpillKeeper(crawler, rconfig, client, self.frontier, worker, self.stats, node)
+        self.features = StoreFeatures(
+            fence=self.fence, robots=self.robots_cache, telemetry=self.telemetry, node=node,
+            directives_s=TICK_S,
+        )  # fmt: skip
+        #: The control document's version last handed to the scheduler.
+        self._directed = 0
         self.spider: Spider | None = None
         self._waiting = False
         self._starved = False
@@ -307,10 +310,22 @@ class RedisLeaseStore:
     def put(self, request: Request, c: Classified, now: float) -> str:
         return self.outbound.put(request, c, now, self.spider)
 
+    def directives(self, now: float) -> ControlState | None:
+        """The fleet's control document when the worker read a newer version.
+
+        Requests of hosts paused by it are given back from the local queue
+        before the scheduler follows it.
+        """
+        state = self.worker.control_state
+        if state.version == self._directed:
+            return None
+        self._directed = state.version
+        if state.paused_hosts or state.paused_topics:
+            self.inbound.park_paused(self.queue.entries(), state)
+        return state
+
     def refill(self, now: float) -> None:
-        # The latest directives before any leased request is queued or let go:
-        # a worker that just joined must not send a host past its operator's limit.
-        self._follow_control()
+        self._check_crawl_budget()
         self.inbound.hand_back_lost(self.spider)
         self.inbound.drain(now, self.spider)
         # Host states before acks: a new owner pops once the acks released
@@ -393,21 +408,6 @@ class RedisLeaseStore:
 
     # -- budgets and control -----------------------------------------------------------
 
-    @property
-    def crawl_charged(self) -> int | None:
-        """Pages charged to the crawl fleet-wide at the last read (None: no crawl budget)."""
-        return self.worker.crawl_charged
-
-    # -- telemetry (read by the scheduler's sampler) ------------------------------------
-
-    def telemetry_fleet(self) -> FleetSample:
-        """This node's share of the fleet (:meth:`NodeTelemetry.fleet
-        <scrapy_banker.redis.store_telemetry.NodeTelemetry.fleet>`)."""
-        return self.telemetry.fleet()
-
-    def telemetry_placement(self) -> PlacementSample | None:
-        return self.telemetry.placement_sample()
-
     # -- internals --------------------------------------------------------------------
 
     def _local(self) -> int:
@@ -435,19 +435,9 @@ class RedisLeaseStore:
         if self._waiting:
             reactor.callFromThread(wake_engine, self.crawler)  # type: ignore[attr-defined]
 
-    def _follow_control(self) -> None:
-        """Apply the directives the worker read; stop leasing once the crawl budget is spent."""
+    def _check_crawl_budget(self) -> None:
+        """Stop leasing once the crawl budget is spent, and close when what is in hand is done."""
         state = self.worker.control_state
-        control = self.parts.control
-        if control is not None and state.version != control.state.version:
-            scheduler = running_scheduler(self.crawler)
-            apply = getattr(scheduler, "apply_control", None)
-            if apply is not None:
-                apply(state)
-            else:
-                control.apply(state)
-            if state.paused_hosts or state.paused_topics:
-                self.inbound.park_paused(self.queue.entries(), state)
         # Spent once every page charged to it is done: a page charged to a
         # request a dead worker held is fetched by whoever leases it next.
         crawl = self.budgets.crawl_budget(state)
@@ -469,7 +459,7 @@ class RedisLeaseStore:
             close_spider(self.crawler, reason)
 
     def _tick(self) -> None:
-        self._follow_control()
+        self._check_crawl_budget()
         self.inbound.hand_back_lost(self.spider)
         self.hosts.publish()
         self.acks.ack_finished()

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from scrapy_banker.redis.store_politeness import HostSync
     from scrapy_banker.redis.worker import FrontierWorker
     from scrapy_banker.scheduler.classifier import Classified
-    from scrapy_banker.scheduler.store import SchedulerParts
+    from scrapy_banker.scheduler.seams import SchedulerParts
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class Inbound:
         *,
         partitions: int,
         hosts: HostSync | None = None,
+        budgets: BudgetRules | None = None,
     ) -> None:
         self.parts = parts
         self.worker = worker
@@ -81,7 +82,7 @@ class Inbound:
         self._owned: dict[int, int] = {}
         #: Budgets this crawl counts (the settings'; the operator's arrive in the worker's
         #: control box); None: never charge.
-        self.budgets: BudgetRules | None = None
+        self.budgets = budgets
         #: Leased requests waiting for their budget charge: token -> (request, class).
         self.charging: dict[LeaseToken, tuple[Request, Classified]] = {}
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from scrapy_banker.redis.store_placement import PlacementHook
     from scrapy_banker.redis.worker import FrontierWorker
     from scrapy_banker.scheduler.classifier import Classified
-    from scrapy_banker.scheduler.store import SchedulerParts
+    from scrapy_banker.scheduler.seams import SchedulerParts
 
 logger = logging.getLogger(__name__)
 

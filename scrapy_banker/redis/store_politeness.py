@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from scrapy_banker.core.ops import LeaseToken
     from scrapy_banker.redis.worker import FrontierWorker
-    from scrapy_banker.scheduler.store import SchedulerParts
+    from scrapy_banker.scheduler.seams import SchedulerParts
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ acks leases: a failed sample is logged once and the crawl goes on.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy_banker.core.telemetry import FleetSample, sample_json
 from scrapy_banker.scheduler.sampler import take_sample
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from scrapy_banker.redis.store_inbound import Inbound
     from scrapy_banker.redis.store_placement import PlacementHook
     from scrapy_banker.redis.worker import FrontierWorker
-    from scrapy_banker.scheduler.store import SchedulerParts
+    from scrapy_banker.scheduler.seams import RequestStore, SchedulerParts
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +89,17 @@ class NodeTelemetry:
     def placement_sample(self) -> PlacementSample | None:
         return None if self.placement is None else self.placement.agent.latest
 
-    def tick(self, now: float, store: Any) -> None:
+    def crawl_charged(self) -> int | None:
+        """Pages charged to the crawl fleet-wide at the last read (None: no crawl budget)."""
+        return self.worker.crawl_charged
+
+    def tick(self, now: float, store: RequestStore) -> None:
         """Publish ``store``'s sample if one is due (see :meth:`publish`)."""
         if now >= self._next:
             self._next = now + self.every
             self.publish(store)
 
-    def publish(self, store: Any) -> None:
+    def publish(self, store: RequestStore) -> None:
         """Hand ``store``'s latest sample to the worker thread, which SETs it with an expiry.
 
         ``store`` is what :func:`~scrapy_banker.scheduler.sampler.take_sample`

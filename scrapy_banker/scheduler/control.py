@@ -83,6 +83,10 @@ def _nothing(slots: list[str]) -> None:
     pass
 
 
+def _never(slot: str) -> float:
+    return 0.0
+
+
 class ControlGate:
     """Pause, delay, limit and (on one node) budgets, from the latest :class:`ControlState`."""
 
@@ -93,6 +97,10 @@ class ControlGate:
         room: Callable[[str], bool],
         rules: BudgetRules,
         *,
+        topics: TopicScheduler | None = None,
+        last_wire: Callable[[str], float] = _never,
+        on_ready: Callable[[list[str]], None] = _nothing,
+        counting: bool = True,
         clock: Callable[[], float] = time.time,
         schedule: Callable[[float, Callable[[], Any]], Timer] = call_later,
     ) -> None:
@@ -104,15 +112,19 @@ class ControlGate:
         self.schedule = schedule
         self.state = ControlState()
         #: Called with slots that may have room again (resumed, delay over).
-        self.on_ready: Callable[[list[str]], None] = _nothing
+        self.on_ready = on_ready
         #: The topic scheduler whose ``paused`` set follows the directives.
-        self.topics: TopicScheduler | None = None
-        #: Counts pages on one node; None where the store counts them (a fleet).
-        self.book: BudgetBook | None = BudgetBook(rules)
+        self.topics = topics
+        #: When a host's last request went to the wire (the politeness gate's
+        #: record, :meth:`PolitenessGate.last_wire
+        #: <scrapy_banker.scheduler.politeness.PolitenessGate.last_wire>`).
+        self.last_wire = last_wire
+        #: Counts pages on one node; None where the store counts them (a
+        #: fleet's, in Redis with its leases: ``counting=False``).
+        self.book: BudgetBook | None = BudgetBook(rules) if counting else None
         #: Requests held over a budget on one node, in the order they were popped.
         self.held: list[Entry[Request]] = []
         self._hosts = self.state.hosts
-        self._wire: dict[str, float] = {}
         self._timers: dict[str, Timer] = {}
         self._limits: dict[str, int] = {}
         self._budgets = rules.any(self.state)
@@ -127,7 +139,7 @@ class ControlGate:
                 if hc.paused:
                     return False
                 if hc.delay:
-                    at = self._wire.get(slot, 0.0) + hc.delay
+                    at = self.last_wire(slot) + hc.delay
                     if at > self.clock():
                         self._wake(slot, at)
                         return False
@@ -160,18 +172,14 @@ class ControlGate:
                 self.stats.inc_value("banker/control/held_back")
                 raise HeldBack(f"{slot} is paused by an operator")
 
-    def at_wire(self, request: Request, interval: float) -> float:
-        """The host's least interval between two requests, the operator's delay included."""
+    def delay(self, request: Request) -> float:
+        """The operator's least interval between two requests to ``request``'s host (0: none)."""
+        hosts = self._hosts
+        if not hosts:
+            return 0.0
         slot = request.meta.get(META_SLOT)
-        hc = self._hosts.get(str(slot)) if slot is not None and self._hosts else None
-        if hc is None or not hc.delay:
-            return interval
-        return max(interval, hc.delay)
-
-    def sent(self, slot: str, at: float) -> None:
-        """A request of ``slot`` goes to the wire at ``at`` (wall time)."""
-        if self._hosts and slot in self._hosts:
-            self._wire[slot] = at
+        hc = hosts.get(str(slot)) if slot is not None else None
+        return 0.0 if hc is None else hc.delay
 
     # -- budgets on one node --------------------------------------------------------------
 
@@ -256,6 +264,28 @@ class ControlGate:
         if changed or old.paused_topics != state.paused_topics:
             self.on_ready(changed)
         return released
+
+    def follow(self, state: ControlState, requeue: Callable[[Entry[Request]], None]) -> bool:
+        """Follow ``state`` if it is newer; False when it is the one in force.
+
+        Requests held over a budget that changed go back through
+        ``requeue``; a host paused now has its requests waiting in its
+        download slot taken back out (put back, like a pushback's), so none
+        leaves after this.  The engine is woken either way.
+        """
+        if state.version == self.state.version:
+            return False
+        old = self.state
+        released = self.apply(state)
+        for entry in released:
+            requeue(entry)
+        if released:
+            self.stats.inc_value("banker/budget/released", len(released))
+        for slot in self.newly_paused(old):
+            for queued, deferred in self.downloader.take_queued(slot):
+                deferred.errback(HeldBack(f"{slot} paused while {queued} waited in its slot"))
+        self.on_ready([])
+        return True
 
     def newly_paused(self, old: ControlState) -> list[str]:
         return sorted(self.state.paused_hosts - old.paused_hosts)

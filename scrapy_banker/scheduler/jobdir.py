@@ -280,6 +280,9 @@ class JobDir:
         codec: RequestCodec,
         stats: StatsCollector,
         fingerprint: Callable[[Request], str] | None = None,
+        *,
+        politeness: Politeness | None = None,
+        budgets: BudgetBook | None = None,
     ) -> None:
         self.root = jobdir
         self.path = os.path.join(jobdir, "banker")
@@ -300,9 +303,9 @@ class JobDir:
         #: not even at close -- the JOBDIR may be another crawl's.
         self._failed: str | None = None
         #: The hosts' states, saved in every snapshot header and restored at resume.
-        self.politeness: Politeness | None = None
+        self.politeness = politeness
         #: Pages charged to budgets (the ``"budgets"`` field), saved and restored alike.
-        self.budgets: BudgetBook | None = None
+        self.budgets = budgets
 
     @property
     def failed(self) -> bool:

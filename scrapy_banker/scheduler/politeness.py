@@ -71,7 +71,6 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_banker.scheduler.control import ControlGate
     from scrapy_banker.settings import BankerConfig
 
 logger = logging.getLogger(__name__)
@@ -116,6 +115,8 @@ class PolitenessGate:
         clock: Callable[[], float] = time.time,
         schedule: Callable[[float, Callable[[], Any]], Timer] = call_later,
         rng: random.Random | None = None,
+        on_ready: Callable[[list[str]], None] = _nothing,
+        dead_letter: Callable[[Request, str], None] | None = None,
     ) -> None:
         #: The per-host states (``BankerScheduler.politeness``).
         self.politeness = Politeness(config.politeness(), rng)
@@ -130,13 +131,13 @@ class PolitenessGate:
         self.schedule = schedule
         #: Called with the slots whose wait is over: the scheduler frees their
         #: lanes and wakes the engine.
-        self.on_ready: Callable[[list[str]], None] = _nothing
-        #: Keeps a request given up on (its reason); the scheduler sets it to its
-        #: store's ``dead_letter``.  The default only logs.
-        self.dead_letter: Callable[[Request, str], None] = _log_dead_letter
+        self.on_ready = on_ready
+        #: Keeps a request given up on (its reason): the store's ``dead_letter``.
+        #: Without one the request is only logged.
+        self.dead_letter: Callable[[Request, str], None] = dead_letter or _log_dead_letter
         #: Whether queued requests of a given-up host are dead-lettered as the
-        #: frontier reaches them (the scheduler sets it when its store can).
-        self.drain = False
+        #: frontier reaches them (only where a store keeps them).
+        self.drain = dead_letter is not None
         #: Hosts past ``max_refusals``, reported once each.
         self.given_up: set[str] = set()
         self._hosts = self.politeness.hosts  # the same dict, mutated in place
@@ -151,8 +152,6 @@ class PolitenessGate:
         self._recorded: dict[int, HostState] = {}
         #: Slot -> when its last request went to the wire (:meth:`at_wire`).
         self._wire: dict[str, float] = {}
-        #: The operator's directives, checked at the wire too (the scheduler sets it).
-        self.control: ControlGate | None = None
 
     # -- the gate --------------------------------------------------------------------
 
@@ -263,9 +262,6 @@ class PolitenessGate:
     def check_blocked(self, request: Request) -> HostState | None:
         """Raise :class:`HeldBack` if ``request``'s host is blocked (or paused) now;
         its state if it has one."""
-        control = self.control
-        if control is not None:
-            control.check(request)
         slot = request.meta.get(META_SLOT)
         if not self.enabled or slot is None:
             return None
@@ -277,7 +273,16 @@ class PolitenessGate:
             raise HeldBack(f"{slot} is held for {left:.3f} s more")
         return state
 
-    def at_wire(self, request: Request) -> float:
+    def last_wire(self, slot: str) -> float:
+        """When ``slot``'s last spaced request went to the wire (0: none yet).
+
+        The one record of a host's last send at the wire: the operator's
+        ``delay`` (:class:`~scrapy_banker.scheduler.control.ControlGate`) is
+        measured from it too.
+        """
+        return self._wire.get(slot, 0.0)
+
+    def at_wire(self, request: Request, floor: float = 0.0) -> float:
         """The last check before ``request`` goes to the wire: seconds to wait first.
 
         Raises :class:`HeldBack` if its host is blocked now (a refusal
@@ -286,20 +291,16 @@ class PolitenessGate:
         wire*, measured from the previous one sent: what waited in
         middlewares and queues can bunch up after its dispatch, never here.
         Each call reserves its moment, so the caller must wait what it is
-        told and send.
+        told and send.  ``floor``: the least interval whatever the host's
+        own (the operator's ``delay``).
         """
         state = self.check_blocked(request)
-        interval = 0.0 if state is None else state.interval
-        control = self.control
-        if control is not None and control.state.hosts:
-            interval = control.at_wire(request, interval)
+        interval = max(floor, 0.0 if state is None else state.interval)
         if not interval:
             return 0.0
         slot, now = request.meta[META_SLOT], self.clock()
         at = max(now, self._wire.get(slot, 0.0) + interval)
         self._wire[slot] = at
-        if control is not None:
-            control.sent(slot, at)
         if at > now:
             self.stats.inc_value("banker/pushback/spaced_at_wire")
         return at - now

@@ -31,19 +31,15 @@ class LocalQueue:
     def __init__(
         self,
         config: BankerConfig,
+        topics: TopicScheduler,
         is_free: Callable[[str], bool],
         downloader_idle: Callable[[], bool],
     ) -> None:
         self.config = config
         self.is_free = is_free
         self.downloader_idle = downloader_idle
-        self.topics = TopicScheduler(
-            config.topics.values(),
-            default_slice_s=config.topic_slice,
-            min_slice_s=config.topic_min_slice,
-            slice_step_s=config.topic_slice_step,
-            max_wait_s=config.topic_max_wait,
-        )
+        #: The topic scheduler (built beside the control gate, which pauses topics in it).
+        self.topics = topics
         self.frontier: Frontier[Request] = Frontier(self.topics, self.new_directory())
 
     @property

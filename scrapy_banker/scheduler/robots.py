@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
@@ -47,11 +47,11 @@ from twisted.internet.defer import Deferred
 
 from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.core.politeness import Politeness
-from scrapy_banker.scheduler.engine import running_scheduler, sleep
+from scrapy_banker.scheduler import running_banker
+from scrapy_banker.scheduler.engine import sleep
+from scrapy_banker.scheduler.seams import RobotsTxt, SharedRobots
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -63,16 +63,6 @@ __all__ = ["BankerRobotsTxtMiddleware", "SharedRobots"]
 
 #: A robots.txt as fetched: the HTTP status and the body, or None and the
 #: reason the fetch failed (everything is then allowed, as with Scrapy).
-RobotsTxt = tuple[int | None, bytes]
-
-
-class SharedRobots(Protocol):
-    """How a store shares robots.txt (a fleet's: :mod:`scrapy_banker.redis.robots_cache`)."""
-
-    def fetch(
-        self, origin: str, download: Callable[[], Awaitable[RobotsTxt]]
-    ) -> Awaitable[RobotsTxt]:
-        """``origin``'s robots.txt, downloaded by ``download`` only if nobody shared it yet."""
 
 
 class BankerRobotsTxtMiddleware(RobotsTxtMiddleware):
@@ -116,10 +106,10 @@ class BankerRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _politeness(self, request: Request) -> tuple[Politeness, str] | None:
         """The scheduler's host states and the request's host (its download slot)."""
         slot = request.meta.get(META_SLOT)
-        politeness = getattr(running_scheduler(self.crawler), "politeness", None)
-        if slot is None or not isinstance(politeness, Politeness):
+        scheduler = running_banker(self.crawler)
+        if slot is None or scheduler is None:
             return None  # not dispatched by a banker scheduler (engine.download, another one)
-        return politeness, str(slot)
+        return scheduler.politeness, str(slot)
 
     async def _apply(self, politeness: Politeness, slot: str, delay: float, knew: bool) -> None:
         """Make ``delay`` the host's interval; space out what the scheduler let go before."""
@@ -172,8 +162,8 @@ class BankerRobotsTxtMiddleware(RobotsTxtMiddleware):
         return rp
 
     async def _robots(self, origin: str) -> RobotsTxt:
-        store = getattr(running_scheduler(self.crawler), "store", None)
-        shared: SharedRobots | None = getattr(store, "robots_cache", None)
+        scheduler = running_banker(self.crawler)
+        shared = None if scheduler is None else scheduler.store.features.robots
         if shared is None:
             return await self._download(origin)
         return await shared.fetch(origin, lambda: self._download(origin))

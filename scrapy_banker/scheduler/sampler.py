@@ -28,7 +28,7 @@ import heapq
 import socket
 import time
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy_banker.core.meta import META_TOPIC
 from scrapy_banker.core.telemetry import (
@@ -41,8 +41,10 @@ from scrapy_banker.core.telemetry import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy_banker.scheduler.gate import AdmissionGate
-    from scrapy_banker.scheduler.store import SchedulerParts
+    from scrapy_banker.scheduler.seams import RequestStore, SchedulerParts
 
 __all__ = ["admission_sample", "take_sample"]
 
@@ -54,16 +56,16 @@ def _hostname() -> str:
 
 def take_sample(
     parts: SchedulerParts,
-    store: Any,
+    store: RequestStore,
     *,
     top_slots: int = 20,
-    clock: Any = time.time,
+    clock: Callable[[], float] = time.time,
 ) -> Sample:
     """What the scheduler made of ``parts`` and ``store`` holds now.
 
-    ``store`` may offer ``node`` (its fleet name), ``telemetry_fleet()`` and
-    ``telemetry_placement()``; a store without them (the memory store) gives
-    a sample without fleet or placement parts, named after the host.
+    A store whose features have a node name and telemetry (a fleet's) adds
+    its fleet and placement parts; the memory store's sample has neither and
+    is named after the host.
     """
     queue = parts.queue
     stats = parts.stats
@@ -100,14 +102,14 @@ def take_sample(
         busiest = heapq.nlargest(top_slots, rows, key=lambda s: (s.inflight, s.queued))
         slots = tuple(busiest)
 
-    fleet_of = getattr(store, "telemetry_fleet", None)
-    placement_of = getattr(store, "telemetry_placement", None)
-    fleet: FleetSample | None = fleet_of() if fleet_of is not None else None
-    placement: PlacementSample | None = placement_of() if placement_of is not None else None
+    features = store.features
+    telemetry = features.telemetry
+    fleet: FleetSample | None = None if telemetry is None else telemetry.fleet()
+    placement: PlacementSample | None = None if telemetry is None else telemetry.placement_sample()
     queued = len(queue) + (len(gate) if gate is not None else 0) + len(store)
     return Sample(
         t=round(float(clock()), 3),
-        node=str(getattr(store, "node", None) or _hostname()),
+        node=features.node or _hostname(),
         pages=pages,
         queued=queued,
         inflight=len(active),

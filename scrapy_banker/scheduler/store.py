@@ -20,8 +20,7 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scrapy.dupefilters import RFPDupeFilter
 from scrapy.utils.job import job_dir
@@ -30,10 +29,13 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_banker.core.meta import META_CHARGED, META_SLOT
 from scrapy_banker.scheduler.classifier import Classified
 from scrapy_banker.scheduler.control import unused
+from scrapy_banker.scheduler.control_file import POLL_S as CONTROL_POLL_S
+from scrapy_banker.scheduler.control_file import ControlFile
 from scrapy_banker.scheduler.dupes import SeenURLs
 from scrapy_banker.scheduler.engine import requests_in_progress
 from scrapy_banker.scheduler.feeds import FeedBarrier
 from scrapy_banker.scheduler.jobdir import JobDir
+from scrapy_banker.scheduler.seams import RequestStore, SchedulerParts, StoreFeatures
 from scrapy_banker.scheduler.serialize import UnserializableRequest
 
 if TYPE_CHECKING:
@@ -42,109 +44,16 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
-    from scrapy.statscollectors import StatsCollector
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
+    from scrapy_banker.core.control import ControlState
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import HostState
-    from scrapy_banker.scheduler.classifier import Classifier
-    from scrapy_banker.scheduler.control import ControlGate
-    from scrapy_banker.scheduler.downloader import DownloaderView
-    from scrapy_banker.scheduler.gate import AdmissionGate
-    from scrapy_banker.scheduler.politeness import PolitenessGate
-    from scrapy_banker.scheduler.queue import LocalQueue
-    from scrapy_banker.scheduler.serialize import RequestCodec
-    from scrapy_banker.settings import BankerConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MemoryStore", "RequestStore", "SchedulerParts"]
-
-
-@dataclass(frozen=True)
-class SchedulerParts:
-    """The named parts a scheduler is composed of, handed to its store."""
-
-    crawler: Crawler
-    config: BankerConfig
-    stats: StatsCollector
-    downloader: DownloaderView
-    classifier: Classifier
-    queue: LocalQueue
-    #: Per-host pushback, Crawl-delay and throttle state, and the gate holding it.
-    #: A store that takes hosts over adopts their states with
-    #: ``politeness.adopt(states)``; :class:`MemoryStore` saves
-    #: ``politeness.politeness`` in the JOBDIR snapshot.
-    politeness: PolitenessGate
-    codec: RequestCodec
-    #: None unless ``BANKER_RESOURCES`` is set.
-    gate: AdmissionGate | None = None
-    #: The operator's directives and the budgets (:mod:`scrapy_banker.scheduler.control`);
-    #: a store that counts budgets itself (a fleet's) sets ``control.book`` to None.
-    control: ControlGate | None = None
-
-
-class RequestStore(Protocol):
-    """What :class:`~scrapy_banker.scheduler.BankerScheduler` asks of a store.
-
-    Kinds returned by :meth:`put` and :meth:`dispatched` complete Scrapy's
-    ``scheduler/enqueued/<kind>`` and ``scheduler/dequeued/<kind>`` stats.
-    """
-
-    def open(self, spider: Spider) -> Deferred[None] | None: ...
-
-    def close(self, reason: str) -> Deferred[None] | None: ...
-
-    def is_duplicate(self, request: Request) -> bool:
-        """Filter a request before it is classified (dedup that is not the store's own)."""
-
-    def put(self, request: Request, c: Classified, now: float) -> str:
-        """Keep a new request; returns where it went (``memory``, ``disk``, ``redis``)."""
-
-    def refill(self, now: float) -> None:
-        """Before a pop: bring into the local queue what the store has for this process."""
-
-    def keep(self, entry: Entry[Request]) -> bool:
-        """May this popped entry be dispatched here? (False: the store took it back.)"""
-
-    def dispatched(self, request: Request) -> str:
-        """The request leaves for the engine; returns the kind it was dequeued from."""
-
-    def downloaded(self, request: Request) -> None:
-        """``request`` left the downloader (its callback may still be running)."""
-
-    def polled(self, request: Request | None) -> None:
-        """``next_request`` is about to return ``request``."""
-
-    def has_pending(self) -> bool:
-        """Work the store holds beyond the local queue (or reasons to stay open)."""
-
-    def __len__(self) -> int:
-        """Requests the store holds outside the local queue."""
-
-    # -- politeness (issue #26); optional: the scheduler falls back when a store lacks them --
-
-    def politeness_changed(self, changed: Mapping[str, HostState]) -> None:
-        """Host states that changed since the last call (``Politeness.take_changed()``).
-
-        Called by the scheduler about once a second while it is polled, and
-        at close -- never per request -- so a fleet store can publish them
-        with the host (its partition) in one round trip.  A store that takes
-        hosts over adopts their states the other way, through
-        ``parts.politeness.adopt(states)``.  Without this method the
-        scheduler does nothing with the changes.
-        """
-
-    def dead_letter(self, request: Request, reason: str, entry: Entry[Request] | None) -> None:
-        """Keep a request the crawl gives up on (its host refused past the cap) for requeueing.
-
-        ``entry``: the request was popped from the local queue and is never
-        dispatched (after :meth:`keep`); None: it was dispatched and its
-        response is the last refusal (it ends through the engine as usual).
-        Without this method the scheduler logs the request (never silently
-        drops it) and does not drain a given-up host's queued requests.
-        """
 
 
 class MemoryStore:
@@ -162,6 +71,9 @@ class MemoryStore:
     resume whatever it says (they do not pass through it again).
     """
 
+    #: Budgets are counted by the scheduler's control gate, and saved with the JOBDIR.
+    counts_budgets: ClassVar[bool] = False
+
     def __init__(
         self,
         parts: SchedulerParts,
@@ -174,14 +86,20 @@ class MemoryStore:
         self.df = dupefilter
         self.seen = SeenURLs(dupefilter)
         self._fingerprint = fingerprint or _default_fingerprint(parts)
-        self.jobdir = (
-            None if not jobdir else JobDir(jobdir, parts.codec, parts.stats, self._fingerprint)
+        # The hosts' states and the budget counts are saved in the snapshot
+        # header at every compaction, and restored at resume.
+        self.jobdir: JobDir | None = None
+        if jobdir:
+            self.jobdir = JobDir(
+                jobdir, parts.codec, parts.stats, self._fingerprint,
+                politeness=parts.politeness.politeness, budgets=parts.control.book,
+            )  # fmt: skip
+        #: A single process's control channel: ``JOBDIR/banker/control.json``.
+        self.control_file = None if self.jobdir is None else ControlFile(self.jobdir.root)
+        self._control_due = 0.0
+        self.features = StoreFeatures(
+            jobdir=self.jobdir, directives_s=None if self.jobdir is None else CONTROL_POLL_S
         )
-        if self.jobdir is not None:
-            # Saved in the snapshot header at every compaction, restored at resume.
-            self.jobdir.politeness = parts.politeness.politeness
-            if parts.control is not None:
-                self.jobdir.budgets = parts.control.book
         self.spider: Spider | None = None
         # Requests that cannot be written to JOBDIR: dequeued from "memory".
         self._memory_only: set[Request] = set()
@@ -329,6 +247,20 @@ class MemoryStore:
                 {"request": request, "reason": exc},
                 extra={"spider": self.spider},
             )
+
+    def directives(self, now: float) -> ControlState | None:
+        """The control file's directives when they changed (read at most once a second)."""
+        control_file = self.control_file
+        if control_file is None or now < self._control_due:
+            return None
+        self._control_due = now + CONTROL_POLL_S * 0.9  # the scheduler's timer asks every POLL_S
+        state = control_file.poll()
+        stats = self.parts.stats
+        if control_file.malformed:
+            stats.set_value("banker/control/malformed", control_file.malformed)
+        if state is not None:
+            stats.inc_value("banker/control/updates")
+        return state
 
     def refill(self, now: float) -> None:
         if self._inflight:

@@ -24,8 +24,8 @@ What is checked:
   blocked now puts the request back (:class:`~scrapy_banker.scheduler.politeness.HeldBack`),
   and a host with an interval (Crawl-delay, AutoThrottle) has its requests
   spaced by it at the wire, where a server measures it;
-* **the store's own check**, if it has one (``store.fence``, a
-  :class:`WireCheck`): a fleet worker's lease
+* **the store's own check**, if it has one (``store.features.fence``, a
+  :class:`~scrapy_banker.scheduler.seams.WireCheck`): a fleet worker's lease
   (:class:`~scrapy_banker.redis.fence.LeaseFence`), given back when it
   cannot be proven, the request then rescheduled and dropped by the store.
 
@@ -36,18 +36,22 @@ It does nothing for requests the scheduler did not hand out
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import maybe_deferred_to_future
 
+from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler.engine import later, running_scheduler
-from scrapy_banker.scheduler.politeness import PolitenessGate
+from scrapy_banker.scheduler.seams import WireCheck
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from typing_extensions import Self
+
+    from scrapy_banker.scheduler.control import ControlGate
+    from scrapy_banker.scheduler.politeness import PolitenessGate
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +68,6 @@ class GivenBack(IgnoreRequest):
     """
 
 
-class WireCheck(Protocol):
-    """A store's last-moment check (a fleet's: :class:`~scrapy_banker.redis.fence.LeaseFence`)."""
-
-    def check(self, request: Request, where: str) -> None:
-        """Return if ``request`` may be sent; else give it back and raise :class:`GivenBack`."""
-
-
 class WireGateMiddleware:
     """Checks a request the scheduler let go at the last moment before it is sent.
 
@@ -80,6 +77,7 @@ class WireGateMiddleware:
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
         self._gate: PolitenessGate | None = None
+        self._control: ControlGate | None = None
         self._check: WireCheck | None = None
         self._looked = False
         #: Whether the download handlers were wrapped (False: this Scrapy has
@@ -95,16 +93,14 @@ class WireGateMiddleware:
         if self._looked:
             return self._gate is not None or self._check is not None
         scheduler = running_scheduler(self.crawler)
-        store = getattr(scheduler, "store", None)
-        if store is None:
+        if scheduler is None:
             return False  # not running yet: look again next time
         self._looked = True
-        gate = getattr(scheduler, "politeness_gate", None)
-        if isinstance(gate, PolitenessGate) and (gate.enabled or gate.control is not None):
-            self._gate = gate
-        self._check = getattr(store, "fence", None)
-        if self._gate is None and self._check is None:
-            return False
+        if not isinstance(scheduler, BankerScheduler):
+            return False  # another scheduler: nothing of ours to check
+        self._gate = scheduler.parts.politeness
+        self._control = scheduler.parts.control
+        self._check = scheduler.store.features.fence
         self._wrap_handlers()
         return True
 
@@ -125,15 +121,19 @@ class WireGateMiddleware:
         return None
 
     def _now(self, request: Request, where: str) -> None:
-        """The checks that do not wait: the store's, and a blocked host (HeldBack)."""
+        """The checks that do not wait: the store's, a paused or a blocked host (HeldBack)."""
         if self._check is not None:
             self._check.check(request, where)
+        if self._control is not None:
+            self._control.check(request)
         if self._gate is not None:
             self._gate.check_blocked(request)
 
     def _wait(self, request: Request) -> float:
-        gate = self._gate
-        return 0.0 if gate is None else gate.at_wire(request)
+        gate, control = self._gate, self._control
+        if gate is None:
+            return 0.0
+        return gate.at_wire(request, 0.0 if control is None else control.delay(request))
 
     def _wrap_handlers(self) -> None:
         """Check again in the download handlers, after the slot's queue."""

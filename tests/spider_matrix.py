@@ -91,8 +91,7 @@ def write_site(root: Path, host: str, port: int) -> None:
     for n in range(PAGES):
         # A chain deeper than the sections: page n links to page n+1 and back up.
         links = (
-            f'<a href="{(n + 1) % PAGES}.html">next</a>'
-            f'<a href="../section/{n % SECTIONS}/">up</a>'
+            f'<a href="{(n + 1) % PAGES}.html">next</a><a href="../section/{n % SECTIONS}/">up</a>'
         )
         files[f"page/{n}.html"] = f"<html><body><p>page {n}</p>{links}</body></html>"
     for rel, text in files.items():
@@ -354,8 +353,9 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text("utf-8"))
     out = Path(spec["out"])
     process = CrawlerProcess(spec["settings"])
-    kill = None if spec.get("kill_after") is None else _KillSwitch(spec["spiders"],
-                                                                   spec["kill_after"])
+    kill = (
+        None if spec.get("kill_after") is None else _KillSwitch(spec["spiders"], spec["kill_after"])
+    )
     for name in spec["spiders"]:
         cls = SPIDERS[name]
         custom = {**(cls.custom_settings or {}), **spec.get("per_spider", {}).get(name, {})}

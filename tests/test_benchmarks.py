@@ -282,14 +282,22 @@ def test_real_sites_on_written_trees_reports_every_key(tmp_path: Path) -> None:
         assert _positive(result[f"wall_s_{name}"]), name
         assert _positive(result[f"cpu_s_{name}"]), name
         assert set(result[f"inflight_longpole_{name}"]) == {
-            "longpole_first10s", "longpole_last_quarter", "all_first10s", "all_last_quarter"}
+            "longpole_first10s",
+            "longpole_last_quarter",
+            "all_first10s",
+            "all_last_quarter",
+        }
     for name in ("dapq_epoll", "banker", "banker_2w"):
         assert result[f"duplicates_{name}"] == 0, name
         assert 1 <= result[f"max_inflight_per_host_{name}"] <= 4, name
     assert result["longpole_host"] == "a.farm.test"
     assert result["bound_s"] == max(result["politeness_bound_s"], result["cpu_bound_s"])
-    for key in ("wall_over_bound_banker", "wall_ratio_banker_vs_dapq_epoll",
-                "wall_ratio_banker_vs_dapq_asyncio", "wall_ratio_banker_vs_scrapy_redis_2w"):
+    for key in (
+        "wall_over_bound_banker",
+        "wall_ratio_banker_vs_dapq_epoll",
+        "wall_ratio_banker_vs_dapq_asyncio",
+        "wall_ratio_banker_vs_scrapy_redis_2w",
+    ):
         assert _positive(result[key]), key
 
 

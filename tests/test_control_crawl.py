@@ -269,9 +269,7 @@ def test_pause_limit_delay_purge_inject_and_a_raised_budget_from_the_command_lin
         assert [at for at, step in events[limited] if step == 1 and at > limit_settled]
         # The delay: arrivals at least 0.4 s apart (a little less for the clocks).
         delay_settled = delayed_at + 2 * HEARTBEAT_S
-        arrivals = [
-            at for at, step in events.get(delayed, []) if step == 1 and at > delay_settled
-        ]
+        arrivals = [at for at, step in events.get(delayed, []) if step == 1 and at > delay_settled]
         gaps = [b - a for a, b in itertools.pairwise(arrivals)]
         assert gaps and min(gaps) >= 0.35, gaps
         # The paused topic's host: nothing after the heartbeat, then resumed.

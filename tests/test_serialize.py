@@ -189,9 +189,10 @@ def test_what_scrapy_resolves_round_trips() -> None:
     )
     # Scrapy's own encoder names the same methods.
     for request in (Request("http://h/", callback=spider._private), spider.mangled_request()):
-        assert request.to_dict(spider=spider)["callback"] == json.loads(
-            codec.encode(request, spider)
-        )["callback"]
+        assert (
+            request.to_dict(spider=spider)["callback"]
+            == json.loads(codec.encode(request, spider))["callback"]
+        )
 
 
 def test_scrapy_spider_classes_round_trip() -> None:

@@ -13,7 +13,7 @@ author = "scrapy-banker contributors"
 copyright = "2026, scrapy-banker contributors"
 release = "0.1.0.dev0"
 
-extensions = ["sphinx.ext.autodoc", "bankerdocs"]
+extensions = ["sphinx.ext.autodoc", "bankerdocs", "bankerverbs"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"
 exclude_patterns = ["_build"]

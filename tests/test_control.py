@@ -6,7 +6,13 @@ import json
 
 import pytest
 
+from scrapy_banker.core import control
 from scrapy_banker.core.control import (
+    FLEET,
+    HOST,
+    JOBDIR,
+    TOPIC,
+    VERBS,
     Action,
     BudgetBook,
     BudgetRules,
@@ -14,8 +20,12 @@ from scrapy_banker.core.control import (
     ControlState,
     HostControl,
     TopicControl,
+    Value,
+    Verb,
     check_host,
+    get_verb,
     parse_action,
+    verbs_in,
 )
 
 TOPICS = {"news", "default"}
@@ -174,3 +184,118 @@ def test_budget_changes_are_told_apart_from_other_changes() -> None:
     assert a.apply(Action("budget", "a.test", 3)).budgets_differ(a)
     assert a.apply(Action("budget", "crawl", 3)).budgets_differ(a)
     assert a.apply(Action("budget", "topic:news", 3)).budgets_differ(a)
+
+
+# -- the verb table ---------------------------------------------------------------------
+
+
+def test_the_verb_table_says_what_each_verb_takes_and_where() -> None:
+    # The verbs of this version and their words (a verb added later adds to them).
+    usages = {
+        "pause": "HOST or topic:NAME",
+        "resume": "HOST or topic:NAME",
+        "limit": "HOST, then N (>= 1) or none",
+        "delay": "HOST, then SECONDS (>= 0; 0 removes it)",
+        "budget": "HOST, topic:NAME or crawl, then N (>= 0) or none",
+        "purge": "HOST",
+        "inject": "URL...",
+    }
+    assert {name: VERBS[name].usage for name in usages} == usages
+    synopses = {
+        "pause": "HOST|topic:NAME",
+        "resume": "HOST|topic:NAME",
+        "limit": "HOST N|none",
+        "delay": "HOST SECONDS",
+        "budget": "HOST|topic:NAME|crawl N|none",
+        "purge": "HOST",
+        "inject": "URL... [--topic NAME]",
+    }
+    assert {name: VERBS[name].synopsis for name in synopses} == synopses
+    assert [n for n in usages if VERBS[n].takes_value] == ["limit", "delay", "budget"]
+    assert [n for n in usages if VERBS[n].takes_urls] == ["inject"]
+    assert all(v.takes_host for v in VERBS.values() if not v.takes_urls)
+    assert all(v.help and "\n" not in v.help for v in VERBS.values())
+    # A single process (its JOBDIR) has no queue outside itself: no purge, no inject.
+    assert [n for n in usages if JOBDIR in VERBS[n].where] == [
+        "pause", "resume", "limit", "delay", "budget",
+    ]  # fmt: skip
+    assert [v.name for v in verbs_in(JOBDIR)] == [
+        v.name for v in VERBS.values() if v.available(JOBDIR)
+    ]
+    assert verbs_in(FLEET) == verbs_in() == tuple(VERBS.values())
+
+
+def test_what_a_form_needs_of_a_verb() -> None:
+    assert VERBS["limit"].to_json(JOBDIR) == {
+        "name": "limit",
+        "usage": "HOST, then N (>= 1) or none",
+        "help": "Set how many requests a host may have in flight (N, or none)",
+        "takes_value": True,
+        "takes_urls": False,
+        "takes_host": True,
+        "target_hint": "host",
+        "value_hint": "N (>= 1) or none",
+        "where": ["fleet", "jobdir"],
+        "available": True,
+    }
+    inject = VERBS["inject"].to_json(JOBDIR)
+    assert (inject["available"], inject["takes_urls"], inject["value_hint"]) == (
+        False, True, "topic (optional)",
+    )  # fmt: skip
+    assert VERBS["inject"].to_json(FLEET)["available"] is True
+    assert VERBS["pause"].to_json()["target_hint"] == "host or topic:NAME"
+
+
+@pytest.mark.parametrize(
+    ("verb", "where", "message"),
+    [
+        ("zap", None, f"unknown action 'zap'; allowed: {', '.join(VERBS)}"),
+        ("zap", JOBDIR, "unknown action 'zap'; allowed: "
+                        + ", ".join(v.name for v in VERBS.values() if JOBDIR in v.where)),
+        ("purge", JOBDIR, "purge: a single process's queue is its own memory; purge needs a "
+                          "crawl that runs on Redis (the BankerRedisScheduler)"),
+        ("inject", JOBDIR, "inject: a single process's queue is its own memory"),
+    ],
+)  # fmt: skip
+def test_a_verb_unknown_or_not_carried_out_here_is_refused_in_one_line(
+    verb: str, where: str | None, message: str
+) -> None:
+    with pytest.raises(ControlError) as info:
+        get_verb(verb, where)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    # parse_action refuses the same way, whatever the arguments.
+    with pytest.raises(ControlError) as info:
+        parse_action(verb, ["a.test"], where=where)
+    assert str(info.value).startswith(message)
+    assert get_verb("pause", JOBDIR) is VERBS["pause"]
+    assert parse_action("purge", ["a.test"], where=FLEET) == Action("purge", "a.test")
+
+
+def test_the_log_of_another_version_is_described_from_what_it_holds() -> None:
+    assert Action("zap", "a.test").describe() == "zap a.test"
+    assert Action("zap", "a.test", 3).describe() == "zap a.test 3"
+    assert Action("zap", urls=("http://a.test/",)).describe() == "zap 1 URL(s)"
+    assert Action("limit", "a.test").describe() == "limit a.test none"
+    assert Action("purge", "a.test").describe() == "purge a.test"
+
+
+def test_a_verb_added_to_the_table_is_parsed_and_described_with_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nudge = Verb("nudge", (HOST, TOPIC), Value("N", integer=True, least=1, most=9, none=False),
+                 where=frozenset({FLEET}), help="Nudge a host")  # fmt: skip
+    monkeypatch.setitem(control.VERBS, "nudge", nudge)  # type: ignore[arg-type]
+    assert nudge.usage == "HOST or topic:NAME, then N (>= 1; 1 removes it)"
+    assert nudge.synopsis == "HOST|topic:NAME N"
+    action = parse_action("nudge", ["A.test", "3"], topics=TOPICS)
+    assert action == Action("nudge", "a.test", 3) and action.describe() == "nudge a.test 3"
+    assert parse_action("nudge", ["topic:news", "1"], topics=TOPICS).target == "topic:news"
+    with pytest.raises(ControlError, match=r"nudge: N must be an integer >= 1, got '10'"):
+        parse_action("nudge", ["a.test", "10"])
+    with pytest.raises(ControlError, match="nudge: 'crawl' is only a target of budget"):
+        parse_action("nudge", ["crawl", "1"])
+    with pytest.raises(ControlError, match="nudge takes HOST or topic:NAME, then N"):
+        parse_action("nudge", ["a.test"])
+    with pytest.raises(ControlError, match="nudge: a single process's queue"):
+        parse_action("nudge", ["a.test", "1"], where=JOBDIR)
+    assert "nudge" not in [v.name for v in verbs_in(JOBDIR)]

@@ -43,7 +43,7 @@ import pytest
 import redis
 from conftest import PROJECT, ROOT, child_env, run
 
-from scrapy_banker.core.control import ControlState
+from scrapy_banker.core.control import FLEET, JOBDIR, VERBS, ControlState
 from scrapy_banker.core.hashing import bkdr
 from scrapy_banker.core.journal import enqueue_line
 from scrapy_banker.ops.dashboard.history import RateHistory
@@ -234,6 +234,25 @@ def test_rates_come_from_differences_over_a_window_and_survive_restarts() -> Non
     assert history.to_json()["t"] == [200.0]
 
 
+def test_the_page_names_no_verb_and_the_server_sends_the_verb_table() -> None:
+    """The form's verbs, placeholders and value field come from core.control.VERBS."""
+    from scrapy_banker.ops.commands.dashboard import verb_info
+
+    static = ROOT / "scrapy_banker" / "ops" / "dashboard" / "static"
+    page = (static / "index.html").read_text(encoding="utf-8")
+    script = (static / "dashboard.js").read_text(encoding="utf-8")
+    assert "<option" not in page
+    for verb in VERBS:
+        assert f'"{verb}"' not in script and f"'{verb}'" not in script, verb
+    for where in (FLEET, JOBDIR):
+        info = verb_info(where)
+        assert info["verbs"] == {v.name: v.usage for v in VERBS.values() if where in v.where}
+        assert info["control_verbs"] == [v.to_json(where) for v in VERBS.values()]
+    assert [v["name"] for v in verb_info(JOBDIR)["control_verbs"] if not v["available"]] == [
+        "purge", "inject",
+    ]  # fmt: skip
+
+
 # -- the HTTP API, without a browser ------------------------------------------------------
 
 
@@ -251,9 +270,10 @@ def test_api_is_read_only_without_a_token_and_local_by_default(
     assert state["server"]["actions"] == {
         "enabled": False, "requeue": False, "pause": False, "control": False,
     }  # fmt: skip
-    assert set(state["server"]["verbs"]) == {
-        "pause", "resume", "limit", "delay", "budget", "purge", "inject",
-    }  # fmt: skip
+    assert list(state["server"]["verbs"]) == list(VERBS)
+    # The verb table, for the page's form: every verb, each one a fleet can carry out.
+    assert state["server"]["control_verbs"] == [v.to_json(FLEET) for v in VERBS.values()]
+    assert all(v["available"] for v in state["server"]["control_verbs"])
     # The control section: nothing set, nothing logged, nothing charged.
     control = state["control"]
     assert control["state"] == {"version": 0} and control["error"] is None
@@ -561,7 +581,11 @@ def test_jobdir_mode_shows_the_jobdir_and_changes_nothing_without_a_token(
         "enabled": False, "requeue": False, "pause": False, "control": False,
     }  # fmt: skip
     # purge and inject need a crawl on Redis: the page does not offer them.
-    assert set(server["verbs"]) == {"pause", "resume", "limit", "delay", "budget"}
+    assert set(server["verbs"]) == {v.name for v in VERBS.values() if v.available(JOBDIR)}
+    assert not {"purge", "inject"} & set(server["verbs"])
+    offered = {v["name"]: v["available"] for v in server["control_verbs"]}
+    assert list(offered) == list(VERBS)
+    assert [name for name, available in offered.items() if not available] == ["purge", "inject"]
     # The JOBDIR's read model, as scrapy banker status --jobdir reads it.
     shown = state["jobdir"]
     view = read_jobdir(str(jobdir), top=20).to_json()
@@ -921,6 +945,21 @@ def test_control_form_in_a_real_browser(
             page.fill("#token", TOKEN)
             _until("the form", lambda: page.locator("#control-form").is_visible())
             assert submit.is_enabled()
+
+            # The form's verbs are the table's, in its order, each with its placeholders.
+            options = page.locator("#control-verb option")
+            assert options.evaluate_all("os => os.map(o => o.value)") == list(VERBS)
+            assert options.evaluate_all("os => os.filter(o => o.disabled).length") == 0
+            value, force = page.locator("#control-value"), page.locator("#control-force")
+            for verb in VERBS.values():
+                page.select_option("#control-verb", verb.name)
+                assert page.locator("#control-target").get_attribute("title") == (
+                    f"{verb.name} takes {verb.usage}"
+                )
+                assert value.is_disabled() == (not verb.takes_value and not verb.takes_urls)
+                assert force.is_disabled() == (not verb.takes_host)
+            page.select_option("#control-verb", "limit")
+            assert value.get_attribute("placeholder") == VERBS["limit"].to_json()["value_hint"]
 
             # A refused action: the server's reason on the page, nothing changed.
             page.select_option("#control-verb", "budget")

@@ -23,12 +23,20 @@ import redis
 from scrapy import Request
 from scrapy.settings import Settings
 
-from scrapy_banker.core.control import ControlError, parse_action
+from scrapy_banker.core import control as core_control
+from scrapy_banker.core.control import HOST, VERBS, ControlError, Verb, parse_action
 from scrapy_banker.core.hashing import bkdr
 from scrapy_banker.core.journal import enqueue_line, header_line
 from scrapy_banker.ops.commands import CommandError
 from scrapy_banker.ops.commands._common import json_document
-from scrapy_banker.ops.commands.control import logged_action, run_verb, when
+from scrapy_banker.ops.commands.banker import CONTROL
+from scrapy_banker.ops.commands.control import (
+    HELPS,
+    add_arguments_for,
+    logged_action,
+    run_verb,
+    when,
+)
 from scrapy_banker.ops.control import (
     Controller,
     JobdirController,
@@ -268,6 +276,78 @@ def test_jobdir_commands_print_notes_json_with_schema_and_a_readable_control(
     assert [r[2] for r in rows if r and r[0][:2] == "20"] == [
         "budget crawl 9", "delay a.test 0.5", "pause 127.0.0.1",
     ]  # fmt: skip
+
+
+# -- the subcommands come from the verb table --------------------------------------------
+
+
+def _parser(verb: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"scrapy banker {verb}", exit_on_error=False)
+    add_arguments_for(verb, parser)
+    return parser
+
+
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_each_verb_subcommand_is_built_from_its_table_entry(verb: str) -> None:
+    spec = VERBS[verb]
+    parser = _parser(verb)
+    assert parser.usage == f"scrapy banker {verb} {spec.synopsis} [options]"
+    assert parser.epilog is not None and f"{verb} takes {spec.usage}" in parser.epilog
+    assert ("only" in parser.epilog) == ("jobdir" not in spec.where)
+    assert HELPS[verb] == spec.help
+    options = {a.dest for a in parser._actions}
+    assert ("force" in options) == spec.takes_host
+    assert ("topic" in options) == spec.takes_urls
+    if spec.takes_urls:
+        opts = parser.parse_args(["http://a.test/", "http://b.test/", "--topic", "news"])
+        assert (opts.urls, opts.topic) == (["http://a.test/", "http://b.test/"], "news")
+        return
+    words = ["a.test", "5"] if spec.takes_value else ["a.test"]
+    opts = parser.parse_args([*words, "--force"])
+    assert (opts.target, getattr(opts, "value", None), opts.force) == (
+        "a.test", "5" if spec.takes_value else None, True,
+    )  # fmt: skip
+    with pytest.raises(SystemExit):  # one word too many: argparse's usage error, exit 2
+        parser.parse_args([*words, "extra"])
+
+
+def test_the_command_lists_control_then_every_verb_with_its_help() -> None:
+    assert ("control", *VERBS) == CONTROL
+    assert set(HELPS) == set(CONTROL)
+
+
+@pytest.mark.parametrize(("verb", "words"), [("purge", ["a.test"]), ("inject", ["http://a.test/"])])
+def test_a_verb_a_jobdir_cannot_carry_out_is_refused_before_the_jobdir_is_read(
+    tmp_path: Path, verb: str, words: list[str]
+) -> None:
+    made = make_jobdir(tmp_path / "job")
+    for jobdir in (tmp_path / "nosuch", made):
+        with pytest.raises(CommandError) as info:
+            run_verb(verb, _opts(verb, *words, jobdir=str(jobdir)), Settings())
+        assert str(info.value) == (
+            f"{verb}: a single process's queue is its own memory; {verb} needs a crawl that "
+            "runs on Redis (the BankerRedisScheduler)"
+        )
+    assert not (made / "banker" / "control.json").exists()
+
+
+def test_a_verb_added_to_the_table_is_a_subcommand_that_acts_on_a_jobdir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nudge = Verb("nudge", (HOST,), help="Nudge a host")
+    monkeypatch.setitem(core_control.VERBS, "nudge", nudge)  # type: ignore[arg-type]
+    parser = _parser("nudge")
+    assert parser.usage == "scrapy banker nudge HOST [options]"
+    opts = parser.parse_args(["127.0.0.1:8731", "--jobdir", str(make_jobdir(tmp_path / "job"))])
+    assert run_verb("nudge", argparse.Namespace(**{**vars(_opts("pause", "x")), **vars(opts)}),
+                    Settings()) == 0  # fmt: skip
+    note, line = capsys.readouterr().out.strip().splitlines()
+    assert note.startswith("Note: '127.0.0.1:8731' taken as host '127.0.0.1'")
+    assert line.startswith("nudge 127.0.0.1: in force in the crawl on this JOBDIR")
+    [entry] = JobdirController(opts.jobdir, load_config(Settings())).file.log()
+    assert (entry["verb"], entry["target"], logged_action(entry)) == (
+        "nudge", "127.0.0.1", "nudge 127.0.0.1",
+    )  # fmt: skip
 
 
 def _table_rows(out: str) -> list[list[str]]:

@@ -5,8 +5,11 @@ stopping everything -- pause it, slow it, cap its concurrency, cap how many
 pages it gets -- and to cap a topic or the whole crawl.  This module is the
 value those requests build: a :class:`ControlState` (per host, per topic and
 crawl-wide directives, with a version), the :class:`Action` that changes it,
-and the parsing of an operator's words into an action, with an error that
-names the argument and what is allowed (:class:`ControlError`).
+the verbs an operator may use (:data:`VERBS`: what each takes, where it can
+be carried out, its help -- the one table the command line, the dashboard
+and the docs read), and the parsing of an operator's words into an action,
+with an error that names the argument and what is allowed
+(:class:`ControlError`).
 
 It is kept apart from *where* the state lives -- a Redis key for a fleet
 (:mod:`scrapy_banker.redis.control`), a file in a JOBDIR for a single
@@ -32,7 +35,13 @@ from scrapy_banker.core.journal import PageCounts
 
 __all__ = [
     "CRAWL",
+    "FLEET",
+    "HOST",
+    "JOBDIR",
+    "TOPIC",
+    "URL",
     "VERBS",
+    "WHERE",
     "Action",
     "BudgetBook",
     "BudgetRules",
@@ -40,22 +49,202 @@ __all__ = [
     "ControlState",
     "HostControl",
     "TopicControl",
+    "Value",
+    "Verb",
     "check_host",
+    "get_verb",
     "parse_action",
+    "verbs_in",
 ]
 
 #: The target of a crawl-wide budget (``budget crawl N``).
 CRAWL = "crawl"
-#: What an operator may do, and the targets each takes.
-VERBS: Mapping[str, str] = {
-    "pause": "HOST or topic:NAME",
-    "resume": "HOST or topic:NAME",
-    "limit": "HOST N (N >= 1), or HOST none",
-    "delay": "HOST SECONDS (>= 0; 0 removes it)",
-    "budget": "HOST, topic:NAME or crawl, then N (>= 0) or none",
-    "purge": "HOST",
-    "inject": "URL...",
+
+# -- the operator's verbs --------------------------------------------------------------
+#
+# One table says what each verb takes, where it can be carried out and what it is
+# for; the parser below, the command line (its subcommands and their help), the
+# dashboard's form and the docs all read it.
+
+#: Kinds of target a verb takes: a host name, ``topic:NAME``, the word ``crawl``,
+#: or one or more URLs (:data:`URL`: the verb's arguments are URLs, with an
+#: optional topic).
+HOST = "host"
+TOPIC = "topic"
+URL = "url"
+#: Where a verb can be carried out: on a fleet's Redis (:data:`FLEET`), or on a
+#: single process through the control file in its JOBDIR (:data:`JOBDIR`).
+FLEET = "fleet"
+JOBDIR = "jobdir"
+#: How each mode is named in a refusal and in the docs.
+WHERE: Mapping[str, str] = {FLEET: "a fleet on Redis", JOBDIR: "a single process's JOBDIR"}
+
+#: How each kind of target is written in a usage line, a synopsis and a form's placeholder.
+_TARGET_WORDS: Mapping[str, tuple[str, str, str]] = {
+    HOST: ("HOST", "HOST", "host"),
+    TOPIC: ("topic:NAME", "topic:NAME", "topic:NAME"),
+    CRAWL: ("crawl", "crawl", "crawl"),
+    URL: ("URL...", "URL... [--topic NAME]", "URLs, space-separated"),
 }
+
+
+@dataclass(frozen=True)
+class Value:
+    """The number a verb sets after its target: its kind, its range, and how it is removed.
+
+    A value that takes no ``none`` is removed by its least (``delay HOST 0``).
+    """
+
+    #: How it is written in a usage line: ``N`` or ``SECONDS``.
+    metavar: str
+    #: An integer (``limit``, ``budget``), else seconds (finite, decimals allowed).
+    integer: bool
+    least: float
+    #: The most an operator may give: beyond it the value is a typo, not a wish
+    #: (a day between two requests is a pause; a trillion pages is no budget at all).
+    most: float
+    #: ``none`` removes what was set.
+    none: bool = True
+
+    @property
+    def usage(self) -> str:
+        """``N (>= 1) or none``, ``SECONDS (>= 0; 0 removes it)``."""
+        if self.none:
+            return f"{self.metavar} (>= {self.least:g}) or none"
+        return f"{self.metavar} (>= {self.least:g}; {self.least:g} removes it)"
+
+    @property
+    def synopsis(self) -> str:
+        return f"{self.metavar}|none" if self.none else self.metavar
+
+
+@dataclass(frozen=True)
+class Verb:
+    """One operator verb: what it takes, where it can be carried out, what it is for.
+
+    ``targets`` are kinds of target (:data:`HOST`, :data:`TOPIC`,
+    :data:`CRAWL`), or ``(URL,)`` for a verb whose arguments are URLs (with an
+    optional topic); ``value`` is the number that follows the target, if
+    any; ``where`` the modes (:data:`FLEET`, :data:`JOBDIR`) that can carry
+    it out; ``help`` one line for ``scrapy banker VERB -h`` and the docs.
+    """
+
+    name: str
+    targets: tuple[str, ...]
+    value: Value | None = None
+    where: frozenset[str] = frozenset({FLEET, JOBDIR})
+    help: str = ""
+
+    @property
+    def takes_value(self) -> bool:
+        return self.value is not None
+
+    @property
+    def takes_urls(self) -> bool:
+        """Its arguments are URLs (one or more), with an optional topic."""
+        return URL in self.targets
+
+    @property
+    def takes_host(self) -> bool:
+        """A HOST is one of its targets (``--force`` acts on one the crawl does not know)."""
+        return HOST in self.targets
+
+    def available(self, where: str | None) -> bool:
+        """Can ``where`` (None: anywhere) carry it out?"""
+        return where is None or where in self.where
+
+    @property
+    def target_usage(self) -> str:
+        """``HOST or topic:NAME``, ``HOST, topic:NAME or crawl``, ``URL...``."""
+        return _either([_TARGET_WORDS[k][0] for k in self.targets])
+
+    @property
+    def usage(self) -> str:
+        """What it takes, in words: ``HOST, topic:NAME or crawl, then N (>= 0) or none``."""
+        if self.value is None:
+            return self.target_usage
+        return f"{self.target_usage}, then {self.value.usage}"
+
+    @property
+    def synopsis(self) -> str:
+        """Its arguments on a command line: ``HOST|topic:NAME|crawl N|none``."""
+        targets = "|".join(_TARGET_WORDS[k][1] for k in self.targets)
+        return targets if self.value is None else f"{targets} {self.value.synopsis}"
+
+    def to_json(self, where: str | None = None) -> dict[str, Any]:
+        """What a form needs to offer it: words, placeholders, and whether ``where`` has it."""
+        return {
+            "name": self.name,
+            "usage": self.usage,
+            "help": self.help,
+            "takes_value": self.takes_value,
+            "takes_urls": self.takes_urls,
+            "takes_host": self.takes_host,
+            "target_hint": _either([_TARGET_WORDS[k][2] for k in self.targets]),
+            "value_hint": (
+                self.value.usage if self.value else "topic (optional)" if self.takes_urls else ""
+            ),
+            "where": sorted(self.where),
+            "available": self.available(where),
+        }
+
+
+def _either(words: Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+#: What an operator may do: each verb by name, in the order the command line,
+#: the dashboard and the docs list them.  A verb's effect on the directives is
+#: :meth:`ControlState.apply`'s.
+VERBS: Mapping[str, Verb] = {
+    verb.name: verb
+    for verb in (
+        Verb("pause", (HOST, TOPIC),
+             help="Pause a host or topic:NAME (its requests stay queued)"),
+        Verb("resume", (HOST, TOPIC),
+             help="Resume a paused host or topic:NAME"),
+        Verb("limit", (HOST,), Value("N", integer=True, least=1, most=10_000),
+             help="Set how many requests a host may have in flight (N, or none)"),
+        Verb("delay", (HOST,), Value("SECONDS", integer=False, least=0, most=86_400, none=False),
+             help="Set the least seconds between two requests to a host (0 removes it)"),
+        Verb("budget", (HOST, TOPIC, CRAWL), Value("N", integer=True, least=0, most=10**12),
+             help="Set the pages a HOST, topic:NAME or the crawl may be fetched (N, or none)"),
+        Verb("purge", (HOST,), where=frozenset({FLEET}),
+             help="Move a host's queued requests to the dead letters (reason 'purged')"),
+        Verb("inject", (URL,), where=frozenset({FLEET}),
+             help="Queue seed URLs in the running fleet (deduplicated), optionally with --topic"),
+    )
+}  # fmt: skip
+
+
+def verbs_in(where: str | None = None) -> tuple[Verb, ...]:
+    """The verbs ``where`` (:data:`FLEET`, :data:`JOBDIR`; None: any) can carry out."""
+    return tuple(v for v in VERBS.values() if v.available(where))
+
+
+def get_verb(name: str, where: str | None = None) -> Verb:
+    """The verb ``name``, if ``where`` can carry it out; else :class:`ControlError` saying why."""
+    verb = VERBS.get(name)
+    if verb is None:
+        allowed = ", ".join(v.name for v in verbs_in(where))
+        raise ControlError(f"unknown action {name!r}; allowed: {allowed}")
+    if not verb.available(where):
+        assert where is not None
+        raise ControlError(_unavailable(verb, where))
+    return verb
+
+
+def _unavailable(verb: Verb, where: str) -> str:
+    """Why ``where`` cannot carry ``verb`` out, in one line."""
+    if where == JOBDIR:
+        return (
+            f"{verb.name}: a single process's queue is its own memory; {verb.name} needs a "
+            "crawl that runs on Redis (the BankerRedisScheduler)"
+        )
+    modes = " or ".join(WHERE.get(w, w) for w in sorted(verb.where))
+    return f"{verb.name}: not available on {WHERE.get(where, where)}; it needs {modes}"
+
 
 _HOST = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*\.?$")
 _IPV6 = re.compile(r"^[0-9a-f:.]+$")
@@ -129,14 +318,14 @@ class Action:
         return self.target[6:] if self.target.startswith("topic:") else None
 
     def describe(self) -> str:
-        if self.verb == "inject":
+        """The action in words, as the log and the command's answer show it."""
+        verb = VERBS.get(self.verb)
+        # A verb this version does not know (read from another one's log): what it holds.
+        if verb.takes_urls if verb is not None else bool(self.urls):
             topic = f" (topic {self.topic})" if self.topic else ""
-            return f"inject {len(self.urls)} URL(s){topic}"
-        value = (
-            ""
-            if self.verb in ("pause", "resume", "purge")
-            else (" none" if self.value is None else f" {_shown(self.value)}")
-        )
+            return f"{self.verb} {len(self.urls)} URL(s){topic}"
+        takes_value = verb.takes_value if verb is not None else self.value is not None
+        value = (" none" if self.value is None else f" {_shown(self.value)}") if takes_value else ""
         return f"{self.verb} {self.target}{value}"
 
     def to_json(self) -> dict[str, Any]:
@@ -313,22 +502,19 @@ def _topic_control(topic: str, value: object) -> TopicControl:
 # -- parsing an operator's words ------------------------------------------------------
 
 
-#: The most an operator may give each number: beyond it the value is a typo, not a wish
-#: (a day between two requests is a pause; a trillion pages is no budget at all).
-_MOST = {"limit": 10_000, "budget": 10**12, "delay": 86_400}
 #: Plain ASCII decimals only: Python's int() and float() also take '1_000', ' ٣ ',
 #: 'nan', 'infinity' and '0x10'-like spellings an operator never means.
 _INTEGER = re.compile(r"[0-9]+")
 _DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
-def _number(verb: str, text: str, *, integer: bool, least: float) -> float | None:
-    """The ``N`` of ``limit`` / ``budget`` (an integer) or ``delay`` (seconds, finite), in range."""
-    if text.lower() == "none" and verb != "delay":
+def _number(verb: str, text: str, kind: Value) -> float | None:
+    """The value of ``verb``: an integer or finite seconds in ``kind``'s range (None: removed)."""
+    if kind.none and text.lower() == "none":
         return None
-    most = _MOST[verb]
+    integer, least, most = kind.integer, kind.least, kind.most
     allowed = f"an integer >= {int(least)}" if integer else f"a number of seconds >= {least:g}"
-    if verb != "delay":
+    if kind.none:
         allowed += " or 'none'"
     error = ControlError(
         f"{verb}: N must be {allowed}, got {text!r} (at most {most:,}{'' if integer else ' s'})"
@@ -383,17 +569,19 @@ def parse_action(
     topics: Collection[str] | None = None,
     topic: str | None = None,
     check_url: Any = None,
+    where: str | None = None,
 ) -> Action:
     """An :class:`Action` from an operator's words, or :class:`ControlError`.
 
     ``topics``: the crawl's topic names (None: not checked).  ``topic``:
-    the topic of ``inject``.  ``check_url(url)`` raises ``ValueError`` for
-    a URL the crawl cannot fetch (``inject``).
+    the topic of a verb that takes URLs (``inject``).  ``check_url(url)``
+    raises ``ValueError`` for a URL the crawl cannot fetch.  ``where``
+    (:data:`FLEET`, :data:`JOBDIR`; None: not checked) refuses a verb that
+    mode cannot carry out.  What each verb takes is its :data:`VERBS` entry.
     """
-    if verb not in VERBS:
-        raise ControlError(f"unknown action {verb!r}; allowed: {', '.join(VERBS)}")
-    usage = f"{verb} takes {VERBS[verb]}"
-    if verb == "inject":
+    spec = get_verb(verb, where)
+    usage = f"{verb} takes {spec.usage}"
+    if spec.takes_urls:
         if not args:
             raise ControlError(f"{usage}: give at least one URL")
         if topic is not None:
@@ -403,27 +591,27 @@ def parse_action(
                 try:
                     check_url(url)
                 except ValueError as exc:
-                    raise ControlError(f"inject: URL {url!r} cannot be fetched: {exc}") from None
+                    raise ControlError(f"{verb}: URL {url!r} cannot be fetched: {exc}") from None
         return Action(verb, urls=tuple(args), topic=topic)
-    want = 1 if verb in ("pause", "resume", "purge") else 2
+    want = 1 if spec.value is None else 2
     if len(args) != want:
         raise ControlError(f"{usage}; got {len(args)} argument(s): {' '.join(args)!r}")
     target = args[0]
     if target == CRAWL:
-        if verb != "budget":
-            raise ControlError(f"{verb}: 'crawl' is only a target of budget")
+        if CRAWL not in spec.targets:
+            of = " and ".join(v.name for v in VERBS.values() if CRAWL in v.targets)
+            raise ControlError(f"{verb}: 'crawl' is only a target of {of}")
     elif target.startswith("topic:"):
-        if verb not in ("pause", "resume", "budget"):
-            raise ControlError(f"{verb}: takes a HOST, not a topic ({usage})")
+        if TOPIC not in spec.targets:
+            raise ControlError(f"{verb}: takes a {spec.target_usage}, not a topic ({usage})")
         target = "topic:" + _topic(verb, target[6:], topics)
+    elif HOST not in spec.targets:
+        raise ControlError(f"{verb}: takes {spec.target_usage}, not a HOST ({usage})")
     else:
         target = _host_argument(target)
-    if want == 1:
+    if spec.value is None:
         return Action(verb, target)
-    if verb == "delay":
-        return Action(verb, target, _number(verb, args[1], integer=False, least=0.0))
-    least = 1 if verb == "limit" else 0
-    return Action(verb, target, _number(verb, args[1], integer=True, least=least))
+    return Action(verb, target, _number(verb, args[1], spec.value))
 
 
 # -- budgets ------------------------------------------------------------------------------

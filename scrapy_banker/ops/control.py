@@ -31,7 +31,17 @@ from scrapy import Request
 from scrapy.utils.misc import load_object
 from w3lib.url import safe_url_string
 
-from scrapy_banker.core.control import CRAWL, Action, ControlError, ControlState, parse_action
+from scrapy_banker.core.control import (
+    CRAWL,
+    FLEET,
+    JOBDIR,
+    VERBS,
+    Action,
+    ControlError,
+    ControlState,
+    get_verb,
+    parse_action,
+)
 from scrapy_banker.core.hashing import host_of
 from scrapy_banker.core.meta import META_TOPIC
 from scrapy_banker.core.ops import EnqueueOp
@@ -160,7 +170,8 @@ class _Words:
 
     @staticmethod
     def _read(verb: str, args: Sequence[str]) -> tuple[list[str], list[str]]:
-        if verb == "inject" or not args:
+        spec = VERBS.get(verb)
+        if spec is None or not spec.takes_host or not args:
             return list(args), []
         target, note = host_target(args[0])
         return [target, *args[1:]], [] if note is None else [note]
@@ -200,6 +211,14 @@ class Outcome:
             out["injected"], out["duplicates"] = self.injected, self.duplicates
         return out
 
+    def effects(self) -> str:
+        """What the action did beyond the directives, as the end of a sentence ("" if nothing)."""
+        if self.action.verb == "purge":
+            return f"; {self.purged} queued requests dead-lettered (reason 'purged')"
+        if self.action.verb == "inject":
+            return f"; {self.injected} queued, {self.duplicates} already seen"
+        return ""
+
 
 class JobdirController(_Words):
     """Checks and carries out operator actions on a single process's JOBDIR
@@ -213,18 +232,18 @@ class JobdirController(_Words):
     def parse(
         self, verb: str, args: Sequence[str], *, topic: str | None = None, force: bool = False
     ) -> Action:
-        """The checked action; :class:`ControlError` names what is wrong (nothing changed)."""
-        if verb in ("purge", "inject"):
-            raise ControlError(
-                f"{verb}: a single process's queue is its own memory; {verb} needs a crawl "
-                "that runs on Redis (the BankerRedisScheduler)"
-            )
+        """The checked action; :class:`ControlError` names what is wrong (nothing changed).
+
+        A verb a single process cannot carry out (:data:`~scrapy_banker.core.control.VERBS`
+        says where each can) is refused before the JOBDIR is read.
+        """
+        get_verb(verb, JOBDIR)
         try:
             hosts, topics = jobdir_hosts_and_topics(self.jobdir)
         except ValueError as exc:
             raise ControlError(str(exc)) from None
         words, notes = self._read(verb, args)
-        action = parse_action(verb, words, topics=self.config.topic_names() | topics)
+        action = parse_action(verb, words, topics=self.config.topic_names() | topics, where=JOBDIR)
         target = action.target
         is_host = target != CRAWL and not target.startswith("topic:")
         if is_host and not force and target not in hosts:
@@ -267,7 +286,9 @@ class Controller(_Words):
         """The checked action; :class:`ControlError` names what is wrong (nothing changed)."""
         topics = self.config.topic_names() | self.channel.known_topics()
         words, notes = self._read(verb, args)
-        action = parse_action(verb, words, topics=topics, topic=topic, check_url=check_url)
+        action = parse_action(
+            verb, words, topics=topics, topic=topic, check_url=check_url, where=FLEET
+        )
         target = action.target
         is_host = target and target != CRAWL and not target.startswith("topic:")
         if is_host and not force and not self.channel.known(target):

@@ -25,7 +25,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from scrapy_banker.core.control import Action, ControlError, ControlState
+from scrapy_banker.core.control import JOBDIR, Action, ControlError, ControlState, get_verb
 from scrapy_banker.core.files import fsync_dir
 
 try:
@@ -102,11 +102,7 @@ class ControlFile:
 
     def act(self, action: Action, *, who: str, now: float) -> ControlState:
         """Apply ``action`` to the file (atomically, under its lock) and log it."""
-        if action.verb in ("purge", "inject"):
-            raise ControlError(
-                f"{action.verb}: a single process's queue is its own memory; {action.verb} "
-                "needs a crawl that runs on Redis (the BankerRedisScheduler)"
-            )
+        get_verb(action.verb, JOBDIR)  # the verbs a JOBDIR cannot carry out are refused
         os.makedirs(self.folder, exist_ok=True)
         with self._locked():
             state = self.load().apply(action)

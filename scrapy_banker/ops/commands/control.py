@@ -1,6 +1,9 @@
-"""``scrapy banker pause|resume|limit|delay|budget|purge|inject|control``: steer a running fleet.
+"""``scrapy banker VERB ...`` and ``scrapy banker control``: steer a running crawl.
 
-Each action changes the fleet's control document in Redis
+There is one subcommand per operator verb of
+:data:`~scrapy_banker.core.control.VERBS` (``pause``, ``limit``, ``inject``, ...):
+its arguments, its help and where it can be carried out all come from that
+table.  Each action changes the fleet's control document in Redis
 (:mod:`scrapy_banker.redis.control`); every worker reads it twice a
 heartbeat, so it is in force fleet-wide within a heartbeat and survives
 rebalances.  Bad input -- an unknown host (``--force`` to set it anyway), a
@@ -14,8 +17,9 @@ force, the budget counts and the log of actions (local time, who, what).
 
 A single process with ``JOBDIR`` (``--jobdir DIR``, or the ``JOBDIR``
 setting when no fleet is configured) gets the same directives through a
-file in it (:mod:`scrapy_banker.scheduler.control_file`); ``purge`` and
-``inject`` need a crawl on Redis.  Its ``control`` shows the same budget
+file in it (:mod:`scrapy_banker.scheduler.control_file`); the verbs a JOBDIR
+cannot carry out (``purge``, ``inject``: they need a crawl on Redis) are
+refused with exit code 2.  Its ``control`` shows the same budget
 counts, read from the JOBDIR's files (:func:`~scrapy_banker.ops.jobdir_view.jobdir_budgets`):
 the pages fetched and the pending requests a resume holds over budget.
 """
@@ -31,7 +35,7 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.core.control import VERBS, Action, ControlError
+from scrapy_banker.core.control import VERBS, Action, ControlError, Verb
 from scrapy_banker.ops.commands import CommandError
 from scrapy_banker.ops.commands._common import (
     add_target_arguments,
@@ -55,39 +59,54 @@ if TYPE_CHECKING:
     from scrapy_banker.ops.control import Controller, JobdirController
     from scrapy_banker.redis.control import BudgetCounts
 
+#: The subcommand that shows the control state (the others are the verbs of VERBS).
+SHOW = "control"
 #: Subcommand -> one line of help.
 HELPS = {
-    "pause": "Pause a host or topic:NAME fleet-wide (its requests stay queued)",
-    "resume": "Resume a paused host or topic:NAME",
-    "limit": "Set how many requests a host may have in flight (N, or none)",
-    "delay": "Set the least seconds between two requests to a host (0 removes it)",
-    "budget": "Set the pages a HOST, topic:NAME or the crawl may be fetched (N, or none)",
-    "purge": "Move a host's queued requests to the dead letters (reason 'purged')",
-    "inject": "Queue seed URLs in the running fleet (deduplicated), optionally with --topic",
-    "control": "Show the directives in force, the budget counts and the log of actions",
+    SHOW: "Show the directives in force, the budget counts and the log of actions",
+    **{verb.name: verb.help for verb in VERBS.values()},
 }
 #: The hosts ``control`` lists budget counts of (most held, then most charged, first).
 HOSTS_SHOWN = 20
 
 
+def _where(verb: Verb) -> str:
+    """A verb's help epilogue: where it can be carried out."""
+    from scrapy_banker.core.control import FLEET, JOBDIR
+
+    if verb.available(FLEET) and verb.available(JOBDIR):
+        return "On a fleet (Redis), or on a single process with --jobdir DIR."
+    if verb.available(FLEET):
+        return "On a fleet (Redis) only: a single process (--jobdir) refuses it."
+    return "On a single process (--jobdir DIR) only."
+
+
 def add_arguments_for(verb: str, parser: argparse.ArgumentParser) -> None:
+    """The arguments of subcommand ``verb``: ``control``, or a verb of VERBS (from its entry)."""
     add_target_arguments(parser, positional=False)
     parser.add_argument(
         "--jobdir", metavar="DIR", help="a single process's JOBDIR (default: a fleet if "
         "REDIS_URL is set, else the JOBDIR setting)",
     )  # fmt: skip
-    if verb == "control":
+    if verb == SHOW:
         # Not --log: Scrapy's own parser would take it for --logfile / --loglevel.
         parser.add_argument(
             "--last", type=int, default=20, metavar="N", help="show the last N actions"
         )
-    elif verb == "inject":
+        parser.add_argument("--json", action="store_true", help="print one JSON document")
+        return
+    spec = VERBS[verb]
+    parser.usage = f"scrapy banker {verb} {spec.synopsis} [options]"
+    takes = f"{verb} takes {spec.usage}"
+    parser.epilog = f"{takes}{'' if takes.endswith('.') else '.'}  {_where(spec)}"
+    if spec.takes_urls:
         parser.add_argument("urls", nargs="+", metavar="URL")
         parser.add_argument("--topic", metavar="NAME", help="topic of the injected requests")
     else:
-        parser.add_argument("target", metavar="TARGET", help=VERBS[verb])
-        if verb not in ("pause", "resume", "purge"):
-            parser.add_argument("value", metavar="VALUE")
+        parser.add_argument("target", metavar="TARGET", help=spec.target_usage)
+        if spec.value is not None:
+            parser.add_argument("value", metavar="VALUE", help=spec.value.usage)
+    if spec.takes_host:
         parser.add_argument(
             "--force", action="store_true",
             help="act on a host the crawl has not queued a request of (yet)",
@@ -103,7 +122,11 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()} (scrapy banker)"
 
 
-def _controller(opts: argparse.Namespace, settings: BaseSettings) -> Controller | JobdirController:
+def _controller(
+    opts: argparse.Namespace, settings: BaseSettings, verb: str | None = None
+) -> Controller | JobdirController:
+    """The crawl's controller; a ``verb`` its mode cannot carry out is refused first."""
+    from scrapy_banker.core.control import JOBDIR, get_verb
     from scrapy_banker.ops.control import Controller, JobdirController
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.settings import load_config
@@ -114,6 +137,11 @@ def _controller(opts: argparse.Namespace, settings: BaseSettings) -> Controller 
         raise CommandError(str(exc)) from None
     jobdir = jobdir_or_fleet(settings, opts, "no crawl to control")
     if jobdir is not None:
+        if verb is not None:
+            try:
+                get_verb(verb, JOBDIR)
+            except ControlError as exc:
+                raise CommandError(str(exc)) from None
         if not os.path.isdir(os.path.join(jobdir, "banker")):
             raise CommandError(f"{jobdir} holds no scrapy-banker crawl (no banker/ folder)")
         return JobdirController(jobdir, config)
@@ -154,18 +182,19 @@ def _table_size(client: Any, key: str) -> int | None:
 def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int:
     from scrapy_banker.ops.control import Controller
 
-    if verb == "control":
+    if verb == SHOW:
         return _show(opts, settings)
-    controller = _controller(opts, settings)
+    controller = _controller(opts, settings, verb)
+    spec = VERBS.get(verb)
     with redis_errors(settings):
         try:
-            if verb == "inject":
+            if spec is not None and spec.takes_urls:
                 action = controller.parse(verb, opts.urls, topic=opts.topic)
             else:
                 args = [opts.target] + (
                     [] if getattr(opts, "value", None) is None else [opts.value]
                 )
-                action = controller.parse(verb, args, force=opts.force)
+                action = controller.parse(verb, args, force=getattr(opts, "force", False))
             outcome = controller.execute(action, who=_who(), now=time.time())
         except (ControlError, OSError) as exc:
             raise CommandError(str(exc)) from None
@@ -183,12 +212,8 @@ def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int
     )
     line = (
         f"{outcome.action.describe()}: in force {where_text} "
-        f"(control version {outcome.state.version})"
+        f"(control version {outcome.state.version}){outcome.effects()}"
     )
-    if verb == "purge":
-        line += f"; {outcome.purged} queued requests dead-lettered (reason 'purged')"
-    if verb == "inject":
-        line += f"; {outcome.injected} queued, {outcome.duplicates} already seen"
     out = console()
     for note in outcome.notes:
         out.print(f"Note: {note}", markup=False)

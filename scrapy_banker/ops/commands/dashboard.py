@@ -21,15 +21,16 @@ one line saying to give one of them and exit code 2.
   no lock is taken, a running crawl is never disturbed.
 
 Actions -- requeue dead letters, and the run-time control of ``scrapy banker
-pause|resume|limit|delay|budget|purge|inject`` -- need
+VERB ...`` (the verbs of :data:`~scrapy_banker.core.control.VERBS`) -- need
 ``BANKER_DASHBOARD_TOKEN``; without it the dashboard is read-only.  They go
 through the same code as the command line (a
 :class:`~scrapy_banker.ops.control.Controller` on the fleet's Redis, a
 :class:`~scrapy_banker.ops.control.JobdirController` on
 ``JOBDIR/banker/control.json``; :func:`scrapy_banker.ops.jobdir_deadletters.requeue`
 for a JOBDIR's dead letters), so the page and the command line accept and
-refuse the same things: ``purge`` and ``inject`` are refused for a single
-process, and a JOBDIR's dead letters are not requeued while its crawl runs.
+refuse the same things: the verbs a single process cannot carry out (``purge``,
+``inject``: the table says which) are neither offered nor accepted for a JOBDIR,
+and a JOBDIR's dead letters are not requeued while its crawl runs.
 The page also shows the directives in force, the budget counts (a fleet's)
 and the latest actions, read with the crawl.  A port in use or a bad option
 is one line on stderr and exit code 2.
@@ -208,6 +209,22 @@ def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
     }
 
 
+def verb_info(where: str) -> dict[str, Any]:
+    """The ``server`` fields of ``/api/state`` that tell the page the operator's verbs.
+
+    ``verbs``: what each verb ``where`` can carry out takes, in words.
+    ``control_verbs``: every verb of the table, in its order, with what the
+    form needs to offer it (:meth:`~scrapy_banker.core.control.Verb.to_json`:
+    ``name``, ``help``, ``takes_value``, placeholders, ``available`` here).
+    """
+    from scrapy_banker.core.control import VERBS, verbs_in
+
+    return {
+        "verbs": {v.name: v.usage for v in verbs_in(where)},
+        "control_verbs": [v.to_json(where) for v in VERBS.values()],
+    }
+
+
 def _controller(client: Any, settings: BaseSettings, opts: argparse.Namespace) -> Controller:
     """A :class:`Controller` on the crawl's keyspace, built like ``scrapy banker pause``'s."""
     from scrapy_banker.ops.commands._common import redis_settings
@@ -245,8 +262,9 @@ class _Source:
     read: Callable[[], dict[str, Any]]
     requeue: Callable[[int | None], int]
     controller: Controller | JobdirController
-    #: The verbs the page offers (the others are refused by the controller anyway).
-    verbs: tuple[str, ...]
+    #: Where the controller carries actions out (``FLEET``, ``JOBDIR`` of
+    #: :mod:`scrapy_banker.core.control`): the page offers the verbs it can.
+    where: str
     #: ``{node: {topic: cumulative pages}}`` of an answer, for the rates.
     pages: Callable[[Mapping[str, Any]], Mapping[str, Mapping[str, int]]] | None = None
     #: What a failed read's error names.
@@ -256,7 +274,7 @@ class _Source:
 
 def _fleet_source(settings: BaseSettings, opts: argparse.Namespace) -> _Source:
     """The fleet on Redis; ``CommandError`` if Redis does not answer or a setting is bad."""
-    from scrapy_banker.core.control import VERBS
+    from scrapy_banker.core.control import FLEET
     from scrapy_banker.ops.commands._common import connect, redis_settings
 
     node_timeout = redis_settings(settings, opts).node_timeout
@@ -290,7 +308,7 @@ def _fleet_source(settings: BaseSettings, opts: argparse.Namespace) -> _Source:
     info = {"mode": "fleet", "prefix": keyspace.prefix, "node_timeout_s": node_timeout}
     return _Source(
         title=repr(keyspace.prefix), info=info, read=read, requeue=requeue,
-        controller=controller, verbs=tuple(VERBS), close=client.close,
+        controller=controller, where=FLEET, close=client.close,
     )  # fmt: skip
 
 
@@ -347,7 +365,7 @@ def _jobdir_pages(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
 
 def _jobdir_source(jobdir: str, settings: BaseSettings) -> _Source:
     """A single process's JOBDIR; ``CommandError`` if it holds no scrapy-banker crawl."""
-    from scrapy_banker.core.control import VERBS
+    from scrapy_banker.core.control import JOBDIR
     from scrapy_banker.ops import jobdir_deadletters
     from scrapy_banker.ops.control import JobdirController
     from scrapy_banker.ops.dashboard.server import ActionRefused
@@ -397,11 +415,9 @@ def _jobdir_source(jobdir: str, settings: BaseSettings) -> _Source:
         return len(outcome.plan.requeued)
 
     info = {"mode": "jobdir", "jobdir": jobdir, "prefix": None, "node_timeout_s": None}
-    # purge and inject need a queue outside the process: JobdirController refuses them.
-    verbs = tuple(v for v in VERBS if v not in ("purge", "inject"))
     return _Source(
         title=f"JOBDIR {jobdir}", info=info, read=read, requeue=requeue,
-        controller=controller, verbs=verbs, pages=_jobdir_pages, subject="the JOBDIR",
+        controller=controller, where=JOBDIR, pages=_jobdir_pages, subject="the JOBDIR",
     )  # fmt: skip
 
 
@@ -459,7 +475,6 @@ def _serve(
     reactor = _reactor(settings)
     from twisted.internet.error import CannotListenError
 
-    from scrapy_banker.core.control import VERBS
     from scrapy_banker.ops.dashboard.server import (
         Actions,
         Dashboard,
@@ -477,8 +492,7 @@ def _serve(
             "pause": token is not None,
             "control": token is not None,
         },
-        # What each control verb takes, for the page's form.
-        "verbs": {v: VERBS[v] for v in source.verbs},
+        **verb_info(source.where),
     }
     poller = FleetPoller(
         reactor, source.read, opts.refresh, info, initial=first,

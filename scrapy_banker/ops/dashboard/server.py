@@ -1,8 +1,8 @@
 """The dashboard's web server: the page, ``GET /api/state`` and the token-guarded actions.
 
 The actions are requeueing dead letters (``POST /api/deadletters/requeue``)
-and the run-time control of the crawl (``POST /api/control``: pause, resume,
-limit, delay, budget, purge, inject), the same checked actions as ``scrapy
+and the run-time control of the crawl (``POST /api/control``: the verbs of
+:data:`~scrapy_banker.core.control.VERBS`), the same checked actions as ``scrapy
 banker pause ...`` (:class:`~scrapy_banker.ops.control.Controller` for a
 fleet, :class:`~scrapy_banker.ops.control.JobdirController` for a single
 process's JOBDIR).  The server does not know which: the command hands it a

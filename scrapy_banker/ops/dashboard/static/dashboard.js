@@ -560,17 +560,19 @@
   // ---------------------------------------------------------------- control
   // The directives in force, the budget counts and the latest actions, read
   // by the server with the fleet; the form posts to /api/control with the token.
-  const NO_VALUE = new Set(["pause", "resume", "purge"]);
-  const PLACEHOLDERS = {
-    pause: ["host or topic:NAME", ""],
-    resume: ["host or topic:NAME", ""],
-    limit: ["host", "N (>= 1) or none"],
-    delay: ["host", "seconds (0 removes)"],
-    budget: ["host, topic:NAME or crawl", "N (>= 0) or none"],
-    purge: ["host", ""],
-    inject: ["URLs, space-separated", "topic (optional)"],
-  };
+  // The verbs -- what each takes, its help, whether this server can carry it
+  // out -- are the server's verb table (server.control_verbs): nothing here
+  // names a verb.
   let controlBusy = false;
+  let verbOptionsShown = "";  // the table the <select> was last built from
+
+  function controlVerbs() {
+    const verbs = state && state.server && state.server.control_verbs;
+    return Array.isArray(verbs) ? verbs : [];
+  }
+  function verbNamed(name) {
+    return controlVerbs().find((v) => v.name === name) || null;
+  }
 
   function directiveText(c) {
     const parts = [];
@@ -582,11 +584,14 @@
   }
   function actionText(e) {
     if (e.unreadable !== undefined) return `unreadable: ${e.unreadable}`;
-    if (e.verb === "inject") {
+    // A verb the table does not have (logged by another version): read from the entry.
+    const verb = verbNamed(e.verb);
+    if (verb ? verb.takes_urls : Array.isArray(e.urls)) {
       const n = Array.isArray(e.urls) ? e.urls.length : 0;
-      return `inject ${n} URL(s)${e.topic ? " (topic " + e.topic + ")" : ""}`;
+      return `${e.verb || "?"} ${n} URL(s)${e.topic ? " (topic " + e.topic + ")" : ""}`;
     }
-    const value = NO_VALUE.has(e.verb) ? "" : num(e.value) !== null ? ` ${e.value}` : " none";
+    const takesValue = verb ? verb.takes_value : num(e.value) !== null;
+    const value = !takesValue ? "" : num(e.value) !== null ? ` ${e.value}` : " none";
     return `${e.verb || "?"} ${e.target || ""}${value}`;
   }
   function tableRows(id, rows, cols, emptyText) {
@@ -678,34 +683,49 @@
     else hint.textContent = "In force fleet-wide within a heartbeat; the same checks as scrapy banker pause|resume|…";
   }
 
+  function buildVerbOptions(select, verbs) {
+    // One option per verb of the table, in its order; those this server cannot
+    // carry out (a single process has no queue to purge or inject into) disabled.
+    const shown = JSON.stringify(verbs.map((v) => [v.name, v.available, v.help]));
+    if (shown === verbOptionsShown) return;
+    verbOptionsShown = shown;
+    const chosen = select.value;
+    select.replaceChildren(...verbs.map((v) => {
+      const opt = h("option", { value: v.name, text: v.name,
+        title: v.available ? v.help : `${v.help} -- not available here` });
+      opt.disabled = opt.hidden = !v.available;
+      return opt;
+    }));
+    const keep = verbs.find((v) => v.name === chosen && v.available) || verbs.find((v) => v.available);
+    if (keep) select.value = keep.name;
+  }
+
   function updateControlInputs() {
-    // Only the verbs this server offers (a single process has no purge, no inject).
-    const offered = state && state.server && state.server.verbs;
     const select = $("control-verb");
-    if (offered) {
-      for (const opt of select.options) opt.disabled = opt.hidden = !(opt.value in offered);
-      if (select.selectedOptions.length && select.selectedOptions[0].disabled) select.value = Object.keys(offered)[0];
-    }
-    const verb = select.value;
-    const [target, value] = PLACEHOLDERS[verb] || ["", ""];
-    const usage = state && state.server && state.server.verbs && state.server.verbs[verb];
-    $("control-target").placeholder = target;
-    $("control-target").title = usage ? `${verb} takes ${usage}` : "";
-    $("control-value").placeholder = value;
-    $("control-value").disabled = NO_VALUE.has(verb);
-    if (NO_VALUE.has(verb)) $("control-value").value = "";
-    $("control-force").disabled = verb === "inject";
+    buildVerbOptions(select, controlVerbs());
+    const verb = verbNamed(select.value);
+    const target = $("control-target"), value = $("control-value");
+    target.placeholder = verb ? verb.target_hint : "target";
+    target.title = verb ? `${verb.name} takes ${verb.usage}` : "";
+    select.title = verb ? verb.help : "";
+    value.placeholder = verb ? verb.value_hint : "value";
+    // The value field carries the verb's value, or the topic of a verb that takes URLs.
+    const noValue = Boolean(verb) && !verb.takes_value && !verb.takes_urls;
+    value.disabled = noValue;
+    if (noValue) value.value = "";
+    $("control-force").disabled = !verb || !verb.takes_host;
   }
 
   async function submitControl(ev) {
     ev.preventDefault();
     if (controlBusy) return;
     const hint = $("control-hint"), token = $("token").value.trim();
-    const verb = $("control-verb").value;
+    const verb = $("control-verb").value, spec = verbNamed(verb);
     const target = $("control-target").value.trim(), value = $("control-value").value.trim();
-    const body = verb === "inject"
+    const body = spec && spec.takes_urls
       ? { verb, args: target.split(/\s+/).filter(Boolean), topic: value || null }
-      : { verb, args: NO_VALUE.has(verb) ? [target] : [target, value], force: $("control-force").checked };
+      : { verb, args: spec && !spec.takes_value ? [target] : [target, value],
+          force: Boolean(spec && spec.takes_host) && $("control-force").checked };
     controlBusy = true;
     hint.dataset.sticky = "1";
     hint.className = "muted";

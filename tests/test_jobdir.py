@@ -438,3 +438,29 @@ def test_kill_9_early_and_mid_crawl_then_resume_fetches_every_page(tmp_path: Pat
     # taking one response at a time (SCRAPER_SLOT_MAX_ACTIVE_SIZE=1) that is at most
     # CONCURRENT_REQUESTS = 32 (with Scrapy's default, add the responses waiting for callbacks).
     assert duplicates <= 2 * 32
+
+
+def test_a_reader_racing_a_compaction_sees_every_pending_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scrapy banker`` reads a JOBDIR its crawl compacts: the snapshot may be
+    replaced (and its journal removed) between the two reads of a replay."""
+    scheduler = _open(tmp_path)
+    for i in range(10):
+        assert scheduler.enqueue_request(_req(i))
+    store = scheduler.store
+    path = store.jobdir.path
+    compacted: list[bool] = []
+    real = jobdir_module.read_lines
+
+    def read_lines(name: str) -> Any:
+        if name.endswith(".jsonl") and "journal-" in name and not compacted:
+            compacted.append(True)
+            store._compact()  # the crawl compacts right after the snapshot was read
+        return real(name)
+
+    monkeypatch.setattr(jobdir_module, "read_lines", read_lines)
+    state, _ = jobdir_module.replay(path)
+    assert compacted  # the race happened...
+    assert len(state.live) == 10  # ...and the replay still saw every pending request
+    scheduler.close("shutdown")

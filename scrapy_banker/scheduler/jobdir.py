@@ -237,14 +237,37 @@ def journal_name(generation: int) -> str:
     return f"journal-{generation}.jsonl"
 
 
+def _identity(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+#: Replays of a JOBDIR a running crawl compacts meanwhile, before the last one is taken.
+REPLAY_ATTEMPTS = 20
+
+
 def replay(path: str) -> tuple[JournalState, list[str]]:
-    """Replay ``path``'s snapshot and its journal; returns the state and the files read."""
-    state = JournalState()
+    """Replay ``path``'s snapshot and its journal; returns the state and the files read.
+
+    A running crawl may compact between the two reads (a new snapshot
+    renamed into place, its old journal removed): the snapshot read would
+    then lack what the vanished journal held.  So the replay is made again
+    until the snapshot stayed the same file throughout (an operator's
+    command reads a JOBDIR its crawl is writing).
+    """
     snapshot = os.path.join(path, SNAPSHOT)
-    state.feed(read_lines(snapshot), SNAPSHOT, journal=False)
-    generation = 0 if state.header is None else int(state.header.get("generation", 0))
-    journal = os.path.join(path, journal_name(generation))
-    state.feed(read_lines(journal), journal_name(generation), journal=True)
+    for _ in range(REPLAY_ATTEMPTS):
+        before = _identity(snapshot)
+        state = JournalState()
+        state.feed(read_lines(snapshot), SNAPSHOT, journal=False)
+        generation = 0 if state.header is None else int(state.header.get("generation", 0))
+        journal = os.path.join(path, journal_name(generation))
+        state.feed(read_lines(journal), journal_name(generation), journal=True)
+        if _identity(snapshot) == before:
+            break
     return state, [snapshot, journal]
 
 

@@ -27,7 +27,12 @@ def test_pop_slots_serves_only_the_given_slots_in_topic_order() -> None:
     # Topic b (priority 1) first, then a's lane on the slot; then a has none there:
     # (False, None) tells the caller to pop as usual, never to skip a's turn.
     assert [(ok, e.item if e else None) for ok, e in got] == [
-        (True, "urgent"), (True, "big0"), (True, "big1"), (True, "big2"), (False, None)]
+        (True, "urgent"),
+        (True, "big0"),
+        (True, "big1"),
+        (True, "big2"),
+        (False, None),
+    ]
     assert f.backlogs == {"small.test": 3} and len(f) == 3
     # The ordinary pop still sees the rest, and nothing twice.
     rest = [f.pop(lambda s: True, 0.0) for _ in range(4)]

@@ -116,6 +116,43 @@ def test_a_page_stays_charged_to_its_request_until_it_ends(frontier: RedisFronti
     assert not [f for f in meta if f.startswith(b"b:")]  # no charge record left behind
 
 
+def _spent(frontier: RedisFrontier) -> tuple[dict[str, int], dict[str, int], int, int]:
+    """Host pages, topic pages, crawl pages charged and crawl pages done."""
+    counts = ControlChannel(frontier.link).counts()
+    return counts.hosts, counts.topics, counts.crawl, counts.crawl_done
+
+
+def test_a_dead_letter_of_the_reaper_gives_its_page_back_like_any_dead_letter(
+    frontier: RedisFrontier,
+) -> None:
+    _queue(frontier, 3)
+    explicit, reaped = _lease(frontier, 2)
+    assert _charge(frontier, [explicit, reaped], crawl_budget=2) == [CHARGED, CHARGED]
+    assert _spent(frontier) == ({"h.test": 2}, {"t": 2}, 2, 0)
+    # A dead letter given by a worker (a payload it cannot decode) ...
+    frontier.dead_letter(P, explicit.id, "malformed: test")
+    assert _spent(frontier) == ({"h.test": 1}, {"t": 1}, 1, 0)
+    # ... and one given by the reaper (its fetch began max_deliveries = 2
+    # times, its holders died) end the request unfetched alike: the page
+    # goes back to the host, the topic and the crawl.
+    k = frontier.keys(P)
+    for round_ in (1, 2):
+        (held,) = [reaped] if round_ == 1 else _lease(frontier, 1)
+        assert held.id == reaped.id
+        assert frontier.start_many({P: [held.ref]}) == 1
+        frontier.client.zadd(k.leases, {held.id: 0}, xx=True)
+        assert frontier.reap(P) == ((1, 0) if round_ == 1 else (0, 1))
+    assert [d["id"] for d in frontier.dead_letters(P)] == [explicit.id, reaped.id]
+    assert _spent(frontier) == ({}, {"t": 0}, 0, 0)
+    assert not [f for f in frontier.client.hgetall(k.meta) if f.startswith(b"b:")]
+    # So the crawl budget's end test (done >= budget) can still be met: the
+    # page charged to the dead letter is charged to another request.
+    (last,) = _lease(frontier, 1)
+    assert _charge(frontier, [last], crawl_budget=1) == [CHARGED]
+    assert frontier.ack(P, [last.ref]) == 1
+    assert _spent(frontier) == ({"h.test": 1}, {"t": 1}, 1, 1)
+
+
 def test_topic_and_crawl_counts_are_crawl_wide_on_one_server(frontier: RedisFrontier) -> None:
     _queue(frontier, 6)
     tokens = _lease(frontier, 6)

@@ -46,6 +46,9 @@ def test_every_lua_file_is_runnable_by_its_sha(redis_client: redis.Redis) -> Non
     # A shared piece is pasted, not run: the scripts that include it carry it.
     piece = (lua / "_putback.lua").read_text("utf-8")
     assert piece in runner.source("nack") and piece in runner.source("reap")
+    lease = (lua / "_lease.lua").read_text("utf-8")
+    for name in ("ack", "nack", "deadletter", "reap", "charge"):
+        assert lease in runner.source(name)
 
 
 def test_a_flushed_script_is_loaded_again_and_the_batch_runs_once(

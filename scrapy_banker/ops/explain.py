@@ -33,7 +33,7 @@ from scrapy_banker.ops.fleet_view import (
 )
 from scrapy_banker.ops.payloads import PayloadInfo, describe_payload
 from scrapy_banker.redis.frontier_enqueue import in_bloom
-from scrapy_banker.redis.keys import decode
+from scrapy_banker.redis.keys import DELIVERIES, LEASE_EPOCH, decode
 from scrapy_banker.scheduler.serialize import RequestCodec
 
 if TYPE_CHECKING:
@@ -186,9 +186,9 @@ def _find_copies(
     if ids:
         pipe = client.pipeline(transaction=False)
         for i in ids:
-            pipe.hget(k.meta, f"d:{i}")  # deliveries, as pop.lua counts them
+            pipe.hget(k.meta, DELIVERIES.of(i))
         for i, _, _ in leased:
-            pipe.hget(k.meta, f"e:{i}")  # the epoch it was leased under (pop.lua)
+            pipe.hget(k.meta, LEASE_EPOCH.of(i))
         answers = pipe.execute()
         counts = answers[: len(ids)]
         deliveries = {

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.core.telemetry import Sample, sample_from_dict
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.keys import Keyspace, decode
+from scrapy_banker.redis.keys import EPOCH_LEASES, QUEUED, Keyspace, decode
 from scrapy_banker.redis.registry import NodeRegistry
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def count_partitions(client: Client, keyspace: Keyspace, chunk: int = _CHUNK) ->
         pipe = client.pipeline(transaction=False)
         for p in range(start, min(keyspace.partitions, start + size)):
             k = keyspace.partition(p)
-            pipe.hget(k.meta, "n")  # the level lists' count (enqueue.lua, pop.lua)
+            pipe.hget(k.meta, QUEUED.name)
             pipe.zcard(k.leases)
             pipe.llen(k.dead)
             pipe.zcount(k.leases, "-inf", now)
@@ -361,8 +361,7 @@ def handover_waits(
         return {}
     pipe = client.pipeline(transaction=False)
     for p in candidates:
-        # pop.lua counts the leases taken at each epoch in meta "h:<epoch>".
-        pipe.hget(keyspace.partition(p).meta, f"h:{table.epochs[p]}")
+        pipe.hget(keyspace.partition(p).meta, EPOCH_LEASES.of(table.epochs[p]))
     out: dict[int, int] = {}
     for p, raw in zip(candidates, pipe.execute(), strict=True):
         mine = int(decode(raw)) if raw is not None else 0

@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from scrapy_banker.core.control import Action, ControlError, ControlState
-from scrapy_banker.redis.keys import decode
+from scrapy_banker.redis.keys import (
+    CRAWL_DONE,
+    CRAWL_PAGES,
+    HOST_HELD,
+    HOST_PAGES,
+    TOPIC_PAGES,
+    decode,
+)
 from scrapy_banker.redis.scripts import ScriptCall
 
 if TYPE_CHECKING:
@@ -162,18 +169,20 @@ class ControlChannel:
         for meta in pipe.execute():
             for raw_field, raw_value in meta.items():
                 name = decode(raw_field, lossy=True)
-                if name.startswith(("u:", "o:")):
-                    book = out.hosts if name[0] == "u" else out.held
-                    book[name[2:]] = book.get(name[2:], 0) + int(raw_value)
+                for family, book in ((HOST_PAGES, out.hosts), (HOST_HELD, out.held)):
+                    host = family.key_of(name)
+                    if host is not None:
+                        book[host] = book.get(host, 0) + int(raw_value)
         if not link.cluster:
             for raw_field, raw_value in self.client.hgetall(self.keyspace.budget).items():
                 name = decode(raw_field, lossy=True)
-                if name == "c":
+                topic = TOPIC_PAGES.key_of(name)
+                if name == CRAWL_PAGES.name:
                     out.crawl = int(raw_value)
-                elif name == "d":
+                elif name == CRAWL_DONE.name:
                     out.crawl_done = int(raw_value)
-                elif name.startswith("t:"):
-                    out.topics[name[2:]] = int(raw_value)
+                elif topic is not None:
+                    out.topics[topic] = int(raw_value)
         return out
 
     def release(self, partitions: Iterable[int], host: str = "") -> int:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from scrapy_banker.redis.keys import QUEUED
 from scrapy_banker.redis.scripts import Refusal, ScriptCall
 
 if TYPE_CHECKING:
@@ -210,6 +211,6 @@ def _count_into(pipe: Any, keys: PartitionKeys, *, leased: bool = True) -> None:
     The level lists are counted by the meta's ``n`` (what the scripts keep
     in step), the leases by their sorted set's size.
     """
-    pipe.hget(keys.meta, "n")
+    pipe.hget(keys.meta, QUEUED.name)
     if leased:
         pipe.zcard(keys.leases)

@@ -35,7 +35,7 @@ from scrapy_banker.core.bloom import (
     bloom_shard,
     bloom_shard_count,
 )
-from scrapy_banker.redis.keys import decode
+from scrapy_banker.redis.keys import BLOOM_GEOMETRY, BLOOM_LAYERS, decode
 from scrapy_banker.redis.scripts import ScriptCall, ScriptRunner
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ def in_bloom(
     if kind == "none":
         return False
     if kind == "string":
-        geometry, layers = client.hmget(geometry_key, ["bf", "bfl"])
+        geometry, layers = client.hmget(geometry_key, [BLOOM_GEOMETRY.name, BLOOM_LAYERS.name])
         if geometry is None:
             return False
         bits, hashes = (int(x) for x in decode(geometry).split(":"))

@@ -12,6 +12,16 @@ Owning the names here, like RQ's classes own their key templates, keeps
 step with the keys the frontier, the registry and the placement agent
 actually write: no module keeps its own list of another module's keys, so
 none can be left out of a flush.
+
+The fields of the hashes the Lua scripts keep -- a partition's meta
+(:attr:`PartitionKeys.meta`) and the crawl-wide budget
+(:attr:`Keyspace.budget`) -- are declared here too, once each
+(:data:`META_FIELDS`, :data:`BUDGET_FIELDS`): the name or prefix, the
+value's type, the scripts that change it and what it means.  Python code
+names a field through its declaration (``DELIVERIES.of(id)``,
+``QUEUED.name``), never by a string of its own, and
+``tests/test_redis_keys.py`` reads every script's hash commands and holds
+them to these declarations, both ways.
 """
 
 from __future__ import annotations
@@ -22,7 +32,176 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Keyspace", "PartitionKeys", "decode"]
+__all__ = [
+    "BLOOM_CAPACITY",
+    "BLOOM_FILLED",
+    "BLOOM_GEOMETRY",
+    "BLOOM_LAYERS",
+    "BUDGET_FIELDS",
+    "CHARGE",
+    "CRAWL_DONE",
+    "CRAWL_PAGES",
+    "DELIVERIES",
+    "EPOCH_LEASES",
+    "FETCHES",
+    "FETCH_MARK",
+    "HOST_HELD",
+    "HOST_PAGES",
+    "LEASE_EPOCH",
+    "LEVEL",
+    "META_FIELDS",
+    "QUEUED",
+    "SEQ",
+    "TOPIC_PAGES",
+    "HashField",
+    "Keyspace",
+    "PartitionKeys",
+    "decode",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HashField:
+    """One field of a hash the Lua scripts keep, or a family of fields sharing a prefix.
+
+    A family's fields are the prefix followed by what :attr:`key` names
+    (``d:`` and ``<id>``: ``d:17``, the deliveries of request 17).
+    """
+
+    #: The field's name, or the family's prefix (``"d:"``).
+    name: str
+    #: What follows the prefix in a family's fields (``"<id>"``); ``""``: a single field.
+    key: str
+    #: The type of the value: ``int`` (a count or a number, as ``HINCRBY``
+    #: keeps it) or ``str``.
+    kind: type[int] | type[str]
+    #: The scripts (``lua/<name>.lua``, with the shared pieces they call)
+    #: that set, count or delete it.
+    writers: tuple[str, ...]
+    #: What it holds, for whom.
+    meaning: str
+
+    @property
+    def pattern(self) -> str:
+        """How the docs write it: ``n``, ``d:<id>``."""
+        return self.name + self.key
+
+    def of(self, key: object) -> str:
+        """The family's field for ``key``: ``DELIVERIES.of(17) == "d:17"``."""
+        if not self.key:
+            raise ValueError(f"{self.name!r} is a single field, not a family")
+        return f"{self.name}{key}"
+
+    def key_of(self, field: str) -> str | None:
+        """What follows the family's prefix in ``field``; None for another field."""
+        if self.key and field.startswith(self.name):
+            return field[len(self.name) :]
+        return None
+
+
+# -- a partition's meta hash (PartitionKeys.meta) -------------------------------------
+# The scripts that call a shared piece change what it changes.
+_UNLEASE = ("ack", "charge", "deadletter", "nack", "reap")  # _lease.lua's unlease
+_FORGET = ("ack", "charge", "deadletter", "reap")  # _lease.lua's forget
+_REFUND = ("ack", "deadletter", "purge", "reap")  # _budget.lua's refund
+
+SEQ = HashField(
+    "seq", "", int, writers=("enqueue", "requeue"),
+    meaning="The partition's sequence counter: the last id given to a queued request.",
+)  # fmt: skip
+QUEUED = HashField(
+    "n", "", int, writers=("enqueue", "nack", "pop", "purge", "reap", "release", "requeue"),
+    meaning="Requests waiting in the level lists: what the drain check, count.lua and "
+    "the operators' views count as queued (the leased ones are the leases' size).",
+)  # fmt: skip
+DELIVERIES = HashField(
+    "d:", "<id>", int, writers=("nack", "pop", *_FORGET),
+    meaning="How often the request was leased (a nack takes its delivery back): "
+    "the delivery an ``id#delivery`` token must name to ack, nack, start or charge it.",
+)  # fmt: skip
+FETCHES = HashField(
+    "c:", "<id>", int, writers=("nack", "start", *_FORGET),
+    meaning="Deliveries of the request whose fetch began (start.lua): the reaper "
+    "dead-letters it at max_deliveries of them.",
+)  # fmt: skip
+FETCH_MARK = HashField(
+    "f:", "<id>", int, writers=("nack", "start", *_FORGET),
+    meaning="The delivery start.lua marked last: marked twice, it counts once; a nack "
+    "of it takes its fetch back.",
+)  # fmt: skip
+LEVEL = HashField(
+    "s:", "<id>", int, writers=("nack", "pop", *_FORGET),
+    meaning="The priority a leased request goes back to (a nack, the reaper); a "
+    "queued request has none.",
+)  # fmt: skip
+LEASE_EPOCH = HashField(
+    "e:", "<id>", int, writers=("pop", *_UNLEASE),
+    meaning="The partition's epoch the request was leased at, while it is leased.",
+)  # fmt: skip
+EPOCH_LEASES = HashField(
+    "h:", "<epoch>", int, writers=("pop", *_UNLEASE),
+    meaning="Leases out that were taken at the epoch, deleted at zero: pop.lua "
+    "answers BUSY while leases of another epoch are out, and hosts.lua lets a "
+    "previous owner write while leases of its epoch are.",
+)  # fmt: skip
+CHARGE = HashField(
+    "b:", "<id>", str, writers=("charge", *_REFUND),
+    meaning="What the request's page was charged to, ``host TAB topic TAB 0|1`` "
+    "(1: the crawl budget too): kept through nacks and reaps, given back by a "
+    "dead letter, a purge or an ack that queued a copy (_budget.lua).",
+)  # fmt: skip
+HOST_PAGES = HashField(
+    "u:", "<host>", int, writers=("charge", *_REFUND),
+    meaning="Pages charged to the host (fetched, or leased to be): its budget's "
+    "count, deleted at zero.",
+)  # fmt: skip
+HOST_HELD = HashField(
+    "o:", "<host>", int, writers=("charge", "purge", "release"),
+    meaning="The host's requests held over a budget, in the partition's over list.",
+)  # fmt: skip
+BLOOM_GEOMETRY = HashField(
+    "bf", "", str, writers=("enqueue",),
+    meaning="``<bits>:<hashes>`` of a Bloom bit array's first layer, fixed when the "
+    "filter is created.  The ``bf`` fields are in the partition's meta on Redis "
+    "Cluster, in the shard's hash (:meth:`Keyspace.bloom_shard_meta`) on one server.",
+)  # fmt: skip
+BLOOM_CAPACITY = HashField(
+    "bfc", "", int, writers=("enqueue",),
+    meaning="Items the bit array's first layer holds (layer j holds 2^j times as many).",
+)  # fmt: skip
+BLOOM_LAYERS = HashField(
+    "bfl", "", int, writers=("enqueue",),
+    meaning="Layers of the bit array (1 when absent).",
+)  # fmt: skip
+BLOOM_FILLED = HashField(
+    "bfn", "", int, writers=("enqueue",),
+    meaning="Items added to the bit array's last layer (0 when absent).",
+)  # fmt: skip
+
+#: Every field of a partition's meta hash (:attr:`PartitionKeys.meta`); a
+#: Bloom shard's hash (:meth:`Keyspace.bloom_shard_meta`) has the ``bf`` ones.
+META_FIELDS: tuple[HashField, ...] = (
+    SEQ, QUEUED, DELIVERIES, FETCHES, FETCH_MARK, LEVEL, LEASE_EPOCH, EPOCH_LEASES,
+    CHARGE, HOST_PAGES, HOST_HELD, BLOOM_GEOMETRY, BLOOM_CAPACITY, BLOOM_LAYERS, BLOOM_FILLED,
+)  # fmt: skip
+
+# -- the crawl-wide budget hash (Keyspace.budget, one server only) ---------------------
+CRAWL_PAGES = HashField(
+    "c", "", int, writers=("charge", *_REFUND),
+    meaning="Pages charged crawl-wide: the crawl budget's count.",
+)  # fmt: skip
+CRAWL_DONE = HashField(
+    "d", "", int, writers=("ack",),
+    meaning="Pages charged to the crawl budget that were fetched and acked: the "
+    "crawl ends when they reach its budget.",
+)  # fmt: skip
+TOPIC_PAGES = HashField(
+    "t:", "<topic>", int, writers=("charge", *_REFUND),
+    meaning="Pages charged to the topic: its budget's count.",
+)  # fmt: skip
+
+#: Every field of the crawl-wide budget hash (:attr:`Keyspace.budget`).
+BUDGET_FIELDS: tuple[HashField, ...] = (CRAWL_PAGES, CRAWL_DONE, TOPIC_PAGES)
 
 
 @dataclass(frozen=True)
@@ -40,7 +219,8 @@ class PartitionKeys:
     #: Hash id -> payload of the requests leased now (queued ones live in
     #: their level's list).
     payloads: str
-    #: Hash: sequence counter, deliveries, scores, lease epochs.
+    #: Hash of the partition's counters and of per-request and per-host
+    #: fields, every one declared in :data:`META_FIELDS`.
     meta: str
     #: ``node@epoch`` of the owner: what the pop script fences on.
     owner: str
@@ -62,8 +242,7 @@ class PartitionKeys:
     #: List of the requests held over a budget (``lua/charge.lua``):
     #: ``"<id>\t<priority>\t<host>\t<payload>"``, back in the queue when a
     #: budget is raised (``lua/release.lua``).  Budget counts live in
-    #: :attr:`meta`: ``u:<host>`` pages charged, ``o:<host>`` requests held,
-    #: ``b:<id>`` what a leased request was charged to.
+    #: :attr:`meta`: :data:`HOST_PAGES`, :data:`HOST_HELD`, :data:`CHARGE`.
     over: str
 
     def names(self) -> tuple[str, ...]:
@@ -135,10 +314,8 @@ class Keyspace:
         self.known_hosts = f"{prefix}:known-hosts"
         #: Set of the topics the crawl has queued requests under.
         self.known_topics = f"{prefix}:known-topics"
-        #: Hash of the pages charged crawl-wide: ``t:<topic>``, ``c`` (the crawl),
-        #: ``d`` (the crawl's charged pages fetched and acked: the crawl ends when
-        #: they reach its budget); a single server only (a host's count is in its
-        #: partition).
+        #: Hash of the pages charged crawl-wide (:data:`BUDGET_FIELDS`); a
+        #: single server only (a host's count is in its partition).
         self.budget = f"{prefix}:budget"
 
     def __repr__(self) -> str:

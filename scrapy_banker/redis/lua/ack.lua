@@ -3,6 +3,7 @@
 -- id#delivery tokens ("id#deliveryr": the request was not fetched after all, its
 -- budget page is given back).  Returns how many were leased.
 -- #include _budget
+-- #include _lease
 -- Idempotent, and an ack that arrives after the lease expired and the request
 -- went back to the queue changes nothing: it will be delivered again
 -- (at-least-once), never lost.
@@ -13,19 +14,15 @@ for i = 1, #ARGV do
   -- "id#n" acts only on delivery n: a holder whose lease expired and was
   -- handed to another node must not ack or requeue that node's delivery.
   if token and redis.call("HGET", KEYS[3], "d:" .. id) ~= token then id = nil end
-  if id and redis.call("ZREM", KEYS[1], id) == 1 then
+  if id and unlease(KEYS[1], KEYS[3], id) then
     acked = acked + 1
-    local e = redis.call("HGET", KEYS[3], "e:" .. id)
-    -- A counter at zero is deleted: epochs come and go, their fields must not stay.
-  if e and redis.call("HINCRBY", KEYS[3], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[3], "h:" .. e) end
     if back == "r" then
       refund(KEYS[3], id, KEYS[4])
     elseif KEYS[4] and string.sub(redis.call("HGET", KEYS[3], "b:" .. id) or "", -1) == "1" then
       -- A page charged to the crawl budget is done: the crawl ends when all are.
       redis.call("HINCRBY", KEYS[4], "d", 1)
     end
-    redis.call("HDEL", KEYS[2], id)
-    redis.call("HDEL", KEYS[3], "b:" .. id, "d:" .. id, "s:" .. id, "e:" .. id, "c:" .. id, "f:" .. id)
+    forget(KEYS[3], KEYS[2], id)
   end
 end
 -- The partition drained: its meta is back to a few counters.  A hash that

@@ -6,11 +6,13 @@
 -- partition's over list, the lease released; release.lua puts it back) or -1
 -- (not leased by that delivery any more: drop it).
 -- Counting at the lease, in the partition's slot, is what makes a budget exact
--- under kill -9: a request whose holder dies gives its page back when the
--- reaper requeues it (reap.lua), and is charged again when leased again.
+-- under kill -9: a request whose holder dies keeps its page when the reaper
+-- requeues it (reap.lua), and is not charged again when leased again; a dead
+-- letter gives it back (_budget.lua).
 -- Every leased request is counted, budget or not ("u:<host>", and with the
 -- crawl-wide hash "t:<topic>" and "c"), so a budget set later counts the
 -- pages fetched before it, as one given at the start does.
+-- #include _lease
 local global = KEYS[5]
 local out = {}
 for i = 1, #ARGV do
@@ -42,15 +44,12 @@ for i = 1, #ARGV do
         result = 1
       else
         -- Held: out of the leases and the queue, into the over list, visible.
-        redis.call("ZREM", KEYS[1], id)
-        local e = redis.call("HGET", KEYS[2], "e:" .. id)
-        if e and redis.call("HINCRBY", KEYS[2], "h:" .. e, -1) <= 0 then redis.call("HDEL", KEYS[2], "h:" .. e) end
+        unlease(KEYS[1], KEYS[2], id)
         local level = redis.call("HGET", KEYS[2], "s:" .. id) or "0"
         local payload = redis.call("HGET", KEYS[3], id) or ""
         redis.call("RPUSH", KEYS[4], id .. "\t" .. level .. "\t" .. host .. "\t" .. payload)
         redis.call("HINCRBY", KEYS[2], "o:" .. host, 1)
-        redis.call("HDEL", KEYS[3], id)
-        redis.call("HDEL", KEYS[2], "d:" .. id, "s:" .. id, "e:" .. id, "c:" .. id, "f:" .. id)
+        forget(KEYS[2], KEYS[3], id)
         result = 0
       end
     end

@@ -136,7 +136,7 @@ import _harness
 import numpy as np
 from _crawler import STEPS
 
-from scrapy_banker.core.banker import BankersState, naive_safe_sequence
+from scrapy_banker.core.bankers_algorithm import BankersState, naive_safe_sequence
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 
 POLICIES: tuple[str, ...] = ("naive", "banker")

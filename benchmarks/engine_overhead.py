@@ -165,12 +165,11 @@ def run_once(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(
-        __doc__, quick="H = 10, 1,000, 10,000; N = 4,000; 1 repeat", tiny=""
-    )
+    parser = _harness.parser(__doc__, quick="H = 10, 1,000, 10,000; N = 4,000; 1 repeat", tiny="")
     parser.add_argument("--hosts", type=int, nargs="*")
-    parser.add_argument("--requests", type=int,
-                        help="fan-out size (quick 4,000, else 10,000; at least H)")
+    parser.add_argument(
+        "--requests", type=int, help="fan-out size (quick 4,000, else 10,000; at least H)"
+    )
     parser.add_argument("--links", type=int, default=0)
     _harness.add_repeats(parser, "runs per scheduler and H (median; quick 1, else 3)")
     parser.add_argument("--max-seconds", type=float, default=90.0)

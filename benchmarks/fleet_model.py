@@ -61,8 +61,8 @@ from scrapy_banker.core.ops import EnqueueOp
 from scrapy_banker.net import fleetmodel
 from scrapy_banker.net.fleetmodel import CostTable, OpCost, WorkerConfig
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.frontier_leases import Leased
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.leases import Leased
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 from scrapy_banker.testing.redis_server import RedisServer
 

@@ -66,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--landmarks", type=int, default=15)
     parser.add_argument("--dims", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--method", choices=("validated", "medoids", "random"), default="validated"
-    )
+    parser.add_argument("--method", choices=("validated", "medoids", "random"), default="validated")
     parser.add_argument(
         "--baseline-seeds", type=int, default=3, help="random landmark draws for the baseline"
     )

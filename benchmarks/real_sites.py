@@ -195,7 +195,8 @@ def crawl(run: Run, farm: WebFarm, hosts: dict[str, str], tmp: Path,
     crawler_samples = [json.loads((tmp / f"{name}.samples.json").read_text()) for name in specs]
     fetches: dict[str, int] = stats["fetches"]
     Path(str(tmp / run.name) + ".farm.json").write_text(
-        json.dumps({"stats": stats, "samples": samples}), "utf-8")
+        json.dumps({"stats": stats, "samples": samples}), "utf-8"
+    )
     return {
         "name": run.name,
         "wall_s": stats["span_s"],
@@ -213,11 +214,12 @@ def crawl(run: Run, farm: WebFarm, hosts: dict[str, str], tmp: Path,
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The crawler's own samples: first 10 s and the rest."""
+
     def avg(part: list[dict[str, Any]], key: str) -> float | None:
         return round(statistics.fmean(r[key] for r in part), 2) if part else None
 
     early = [r for r in rows if r["t"] <= 10.0]
-    late = rows[len(rows) * 3 // 4:]
+    late = rows[len(rows) * 3 // 4 :]
     out: dict[str, Any] = {}
     for label, part in (("first10s", early), ("last_quarter", late)):
         for key in ("downloader", "scraper_queue", "scraper_active", "cpu"):
@@ -233,6 +235,7 @@ def host_of(url: str) -> str:
 
 def longpole(samples: list[list[Any]], host: str, span: float) -> dict[str, float | None]:
     """Average in flight on ``host`` (and overall) over the first 10 s and the last quarter."""
+
     def avg(part: list[list[Any]], total: bool) -> float | None:
         if not part:
             return None
@@ -248,9 +251,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = _harness.parser(__doc__, quick="one run of each peer")
     _harness.add_repeats(parser, "runs of each peer (median; quick 1, else 3)")
     parser.add_argument("--sites", default=",".join(SITES), help="comma-separated site names")
-    parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
-                        help="crawl this folder of HTML (served from DIR/index.html) instead "
-                        "of the Debian sites (repeatable)")
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="crawl this folder of HTML (served from DIR/index.html) instead "
+        "of the Debian sites (repeatable)",
+    )
     parser.add_argument("--fleet", default="2,4", help="fleet sizes ('' for none)")
     parser.add_argument("--only", default="", help="comma-separated peers to run (default all)")
     parser.add_argument("--seed", type=int, default=7)
@@ -303,9 +311,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log(f"[{rep + 1}/{repeats}] {run.name} ...")
                     url = redis_server.url if redis_server is not None else None
                     result = crawl(run, farm, hosts, tmp, url)
-                    log(f"    {result['wall_s']:.1f} s, {result['pages']} pages, cpu "
-                         f"{result['cpu_s']:.1f} s, max in flight/host "
-                         f"{result['max_inflight_per_host']}, dups {result['duplicates']}")
+                    log(
+                        f"    {result['wall_s']:.1f} s, {result['pages']} pages, cpu "
+                        f"{result['cpu_s']:.1f} s, max in flight/host "
+                        f"{result['max_inflight_per_host']}, dups {result['duplicates']}"
+                    )
                     results.setdefault(run.name, []).append(result)
     finally:
         if redis_server is not None:
@@ -326,7 +336,7 @@ def _print(result: dict[str, Any]) -> None:
           f"{result['politeness_bound_s']} s ({result['longpole_host']}), "
           f"CPU bound {result.get('cpu_bound_s')} s")  # fmt: skip
     for key in sorted(k for k in result if k.startswith("wall_s_")):
-        name = key[len("wall_s_"):]
+        name = key[len("wall_s_") :]
         print(f"  {name:18s} {result[key]:7.2f} s  cpu {result[f'cpu_s_{name}']:6.2f} s  "
               f"max/host {result[f'max_inflight_per_host_{name}']:3d}  "
               f"dups {result[f'duplicates_{name}']}")  # fmt: skip
@@ -376,7 +386,8 @@ def report(results: dict[str, list[dict[str, Any]]], lat: dict[str, float],
     for n in (2, 4):
         if f"banker_{n}w" in med and f"scrapy_redis_{n}w" in med:
             out[f"wall_ratio_banker_vs_scrapy_redis_{n}w"] = round(
-                _common.ratio(med[f"banker_{n}w"], med[f"scrapy_redis_{n}w"]), 3)
+                _common.ratio(med[f"banker_{n}w"], med[f"scrapy_redis_{n}w"]), 3
+            )
     if "banker_2w" in med and "banker_4w" in med:
         out["wall_ratio_banker_4w_vs_2w"] = round(med["banker_4w"] / med["banker_2w"], 3)
     return out

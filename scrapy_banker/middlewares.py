@@ -11,7 +11,7 @@ from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
 from scrapy_banker.core.meta import META_GRANT, META_SLOT
 from scrapy_banker.scheduler import running_banker
-from scrapy_banker.scheduler.politeness import HeldBack
+from scrapy_banker.scheduler.politeness_gate import HeldBack
 from scrapy_banker.scheduler.topic import request_topic
 from scrapy_banker.settings import core_config
 

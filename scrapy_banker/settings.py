@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from scrapy_banker.core.control import BudgetRules
+from scrapy_banker.core.directives import BudgetRules
 from scrapy_banker.core.hashing import KEY_POLICIES
 from scrapy_banker.core.politeness import PolitenessConfig
 from scrapy_banker.core.topics import TopicSpec
@@ -659,7 +659,7 @@ class BankerConfig:
         )
 
     def budgets(self) -> BudgetRules:
-        """The :class:`~scrapy_banker.core.control.BudgetRules` these settings give."""
+        """The :class:`~scrapy_banker.core.directives.BudgetRules` these settings give."""
         topics = {}
         raw = self.topics
         for name, spec in raw.items():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapy_banker.core.banker import BankersState, naive_safe_sequence
+from scrapy_banker.core.bankers_algorithm import BankersState, naive_safe_sequence
 
 
 def test_paper_example_four_processes_twenty_units() -> None:

@@ -34,8 +34,8 @@ from scrapy_banker.core.journal import parse_enqueue
 from scrapy_banker.ops.fleet_view import read_fleet
 from scrapy_banker.ops.jobdir_view import jobdir_directory
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.keys import Keyspace
-from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker

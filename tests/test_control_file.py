@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_banker.core.control import ControlError, ControlState, parse_action
+from scrapy_banker.core.directives import ControlError, ControlState, parse_action
 from scrapy_banker.scheduler.control_file import CONTROL_FILE, CONTROL_LOG, ControlFile
 
 HOST = "a.test"

@@ -43,13 +43,13 @@ import pytest
 import redis
 from conftest import PROJECT, ROOT, child_env, run
 
-from scrapy_banker.core.control import FLEET, JOBDIR, VERBS, ControlState
+from scrapy_banker.core.directives import FLEET, JOBDIR, VERBS, ControlState
 from scrapy_banker.core.hashing import bkdr
 from scrapy_banker.core.journal import enqueue_line
 from scrapy_banker.ops.dashboard.history import RateHistory
 from scrapy_banker.ops.jobdir_view import read_jobdir
-from scrapy_banker.redis.control import ControlChannel
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier.control_channel import ControlChannel
 from scrapy_banker.scheduler.control_file import CONTROL_FILE, CONTROL_LOG, ControlFile
 from scrapy_banker.scheduler.jobdir import JobdirLock
 from scrapy_banker.scheduler.serialize import RequestCodec

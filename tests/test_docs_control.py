@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_banker.core.control import JOBDIR, VERBS
+from scrapy_banker.core.directives import JOBDIR, VERBS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 CONTROL_RST = DOCS / "control.rst"

@@ -1,6 +1,6 @@
 """LeaseFence: a leased request is sent only on a lease this node can still prove.
 
-What :mod:`scrapy_banker.redis.fence` promises, through the class's public
+What :mod:`scrapy_banker.redis.store.lease_fence` promises, through the class's public
 methods: a request whose lease lapsed while it waited between the scheduler
 and the socket is not sent -- :meth:`LeaseFence.check` raises
 :class:`LeaseFenced` (a ``GivenBack``, so an ``IgnoreRequest`` nothing
@@ -31,7 +31,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_banker.core.meta import META_LEASE
 from scrapy_banker.core.ops import LeaseToken
-from scrapy_banker.redis.fence import LeaseFence, LeaseFenced
+from scrapy_banker.redis.store.lease_fence import LeaseFence, LeaseFenced
 from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler.parts import build
 from scrapy_banker.scheduler.seams import StoreFeatures
@@ -137,7 +137,7 @@ def test_a_request_whose_lease_lapsed_is_not_sent_but_given_back_and_counted(
     fence, stats = _fence(worker, acks)
     request = _leased("http://a.test/lapsed", TOKEN, acks)
     with (
-        caplog.at_level(logging.WARNING, "scrapy_banker.redis.fence"),
+        caplog.at_level(logging.WARNING, "scrapy_banker.redis.store.lease_fence"),
         pytest.raises(LeaseFenced) as raised,
     ):
         fence.check(request, "in its download slot")

@@ -46,12 +46,12 @@ def calls(flows: list[Flow], kind: str, category: str | None = None) -> float:
 @pytest.mark.parametrize(
     ("copy", "module", "name"),
     [
-        ("SYNC_INTERVAL_S", "worker_jobs", "SYNC_INTERVAL_S"),
-        ("FULL_SCAN_INTERVAL_S", "worker_jobs", "FULL_SCAN_INTERVAL_S"),
-        ("POP_CHUNK", "worker_jobs", "POP_CHUNK"),
-        ("CENSUS_INTERVAL_S", "worker_jobs", "CENSUS_INTERVAL_S"),
-        ("DRAINED_CENSUS_INTERVAL_S", "worker_jobs", "DRAINED_CENSUS_INTERVAL_S"),
-        ("REAP_HOLD_FRACTION", "worker_jobs", "REAP_HOLD_FRACTION"),
+        ("SYNC_INTERVAL_S", "worker.jobs", "SYNC_INTERVAL_S"),
+        ("FULL_SCAN_INTERVAL_S", "worker.jobs", "FULL_SCAN_INTERVAL_S"),
+        ("POP_CHUNK", "worker.jobs", "POP_CHUNK"),
+        ("CENSUS_INTERVAL_S", "worker.jobs", "CENSUS_INTERVAL_S"),
+        ("DRAINED_CENSUS_INTERVAL_S", "worker.jobs", "DRAINED_CENSUS_INTERVAL_S"),
+        ("REAP_HOLD_FRACTION", "worker.jobs", "REAP_HOLD_FRACTION"),
         ("ACTIVE_IDLE_SLEEP_S", "worker", "ACTIVE_IDLE_SLEEP_S"),
         ("REAP_CHUNK", "frontier", "REAP_CHUNK"),
         ("CENSUS_CHUNK", "frontier", "CENSUS_CHUNK"),
@@ -70,8 +70,8 @@ def test_the_worker_uses_the_constants_the_model_copies() -> None:
     import inspect
 
     from scrapy_banker.redis.frontier import RedisFrontier
-    from scrapy_banker.redis.frontier_census import CENSUS_CHUNK, WorkCensus
-    from scrapy_banker.redis.frontier_reaper import REAP_CHUNK, LeaseReaper
+    from scrapy_banker.redis.frontier.census import CENSUS_CHUNK, WorkCensus
+    from scrapy_banker.redis.frontier.reaper import REAP_CHUNK, LeaseReaper
 
     for reap_all, census in (
         (RedisFrontier.reap_all, RedisFrontier.census),

@@ -29,7 +29,7 @@ import test_conformance as conformance
 from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 
-from scrapy_banker.core.control import BudgetRules
+from scrapy_banker.core.directives import BudgetRules
 from scrapy_banker.core.hashing import bkdr
 from scrapy_banker.core.journal import done_line, enqueue_line, header_line
 from scrapy_banker.ops.jobdir_view import find_in_jobdir, jobdir_budgets, read_jobdir

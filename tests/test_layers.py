@@ -41,6 +41,18 @@ LAYERS = {
 }  # fmt: skip
 
 
+#: Sub-layers of ``redis/``, bottom first: the keyspace, script runner and
+#: connection; the frontier's operations on Redis (partitions, registry,
+#: control document); the worker thread that runs them; the Scrapy-facing
+#: lease store; the scheduler users name.  The three lowest import nothing
+#: from Scrapy or Twisted.
+REDIS_SUBLAYERS = {
+    "keys": 0, "scripts": 0, "connection": 0, "frontier": 1, "worker": 2, "store": 3,
+    "scheduler": 4,
+}  # fmt: skip
+REDIS_SCRAPY_FREE = ("keys", "scripts", "connection", "frontier", "worker")
+
+
 def _modules(folder: str) -> list[str]:
     return sorted(
         "scrapy_banker." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
@@ -102,18 +114,34 @@ def test_core_imports_nothing_from_scrapy_twisted_or_redis(core: str) -> None:
     assert forbidden_imports(path) == []
 
 
-def _layer(module: str) -> int | None:
+def _rank(parts: list[str]) -> tuple[int, int] | None:
+    """(layer, sub-layer) of a module given by its names under the package."""
+    if not parts or parts[0] not in LAYERS:
+        return None
+    if parts[0] != "redis" or len(parts) < 2:
+        return LAYERS[parts[0]], 0 if parts[0] != "redis" else 9
+    return LAYERS["redis"], REDIS_SUBLAYERS[parts[1]]
+
+
+def _layer(module: str) -> tuple[int, int] | None:
     parts = module.split(".")
     if parts[0] != "scrapy_banker" or len(parts) < 2:
         return None
-    return LAYERS.get(parts[1])
+    return _rank(parts[1:])
+
+
+def _own(rel: Path) -> tuple[int, int] | None:
+    parts = [p.removesuffix(".py") for p in rel.parts]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return _rank(parts)
 
 
 def test_every_module_imports_only_its_layer_and_below() -> None:
     wrong = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE)
-        own = LAYERS.get(rel.parts[0].removesuffix(".py"))
+        own = _own(rel)
         if own is None:  # the package's __init__ (the add-on's export)
             continue
         for line, name in _imports(path):
@@ -121,6 +149,35 @@ def test_every_module_imports_only_its_layer_and_below() -> None:
             if layer is not None and layer > own:
                 wrong.append(f"{rel}:{line} imports {name}")
     assert wrong == []
+
+
+def test_every_redis_module_has_a_sub_layer() -> None:
+    names = {p.name.removesuffix(".py") for p in (PACKAGE / "redis").iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}  # fmt: skip
+    assert names - {"__init__"} == set(REDIS_SUBLAYERS)
+
+
+def test_the_lower_redis_sub_layers_import_nothing_from_scrapy_or_twisted() -> None:
+    found = []
+    for name in REDIS_SCRAPY_FREE:
+        folder = PACKAGE / "redis" / name
+        paths = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
+        for path in paths:
+            found += [
+                f"{path.relative_to(PACKAGE)}:{line} {module}"
+                for line, module in _imports(path)
+                if module.split(".")[0] in ("scrapy", "twisted")
+                or module.startswith(("scrapy_banker.scheduler", "scrapy_banker.ops"))
+            ]
+    assert found == []
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {n: p for n, p in seen.items() if len(p) > 1} == {}
 
 
 def test_every_folder_and_root_module_has_a_layer() -> None:

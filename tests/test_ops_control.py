@@ -23,8 +23,8 @@ import redis
 from scrapy import Request
 from scrapy.settings import Settings
 
-from scrapy_banker.core import control as core_control
-from scrapy_banker.core.control import HOST, VERBS, ControlError, Verb, parse_action
+from scrapy_banker.core import directives as core_control
+from scrapy_banker.core.directives import HOST, VERBS, ControlError, Verb, parse_action
 from scrapy_banker.core.hashing import bkdr
 from scrapy_banker.core.journal import enqueue_line, header_line
 from scrapy_banker.ops.commands import CommandError
@@ -37,15 +37,15 @@ from scrapy_banker.ops.commands.control import (
     run_verb,
     when,
 )
-from scrapy_banker.ops.control import (
+from scrapy_banker.ops.controller import (
     Controller,
     JobdirController,
     close_hosts,
     host_target,
     unknown_host,
 )
-from scrapy_banker.redis.control import ControlChannel
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier.control_channel import ControlChannel
 from scrapy_banker.redis.keys import Keyspace
 from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.settings import load_config

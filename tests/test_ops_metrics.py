@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
-from scrapy_banker.core.control import Action, ControlState, HostControl
+from scrapy_banker.core.directives import Action, ControlState, HostControl
 from scrapy_banker.core.telemetry import Sample, SlotSample, TopicSample, sample_from_dict
 from scrapy_banker.ops.metrics import (
     BankerMetrics,
@@ -36,8 +36,8 @@ from scrapy_banker.ops.metrics import (
     families,
     read_control,
 )
-from scrapy_banker.redis.control import ControlChannel
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier.control_channel import ControlChannel
 from scrapy_banker.redis.keys import Keyspace
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker

@@ -30,7 +30,7 @@ from scrapy_banker.net.placement import (
     strategy,
 )
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.settings import DEFAULTS, load_placement_config
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker

@@ -18,8 +18,8 @@ import redis
 
 from scrapy_banker.core.ops import EnqueueOp
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.frontier_hosts import HostWrite
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.hosts import HostWrite
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.scripts import Fenced
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 

@@ -21,8 +21,8 @@ from redis.exceptions import ClusterCrossSlotError, MovedError
 
 from scrapy_banker.core.ops import EnqueueOp
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.frontier_leases import NotOwner
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.leases import NotOwner
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.testing.redis_server import RedisClusterServer
 
 PARTITIONS = 16

@@ -2,7 +2,7 @@
 
 The scripts (``charge``, ``release``, ``purge`` and the refunds of ``ack``,
 ``nack``, ``reap``, ``deadletter``) are driven through the frontier and
-:class:`~scrapy_banker.redis.control.ControlChannel` exactly as a worker and
+:class:`~scrapy_banker.redis.frontier.control_channel.ControlChannel` exactly as a worker and
 the ``scrapy banker`` commands drive them.
 """
 
@@ -14,12 +14,12 @@ import threading
 import pytest
 import redis
 
-from scrapy_banker.core.control import Action, ControlError, ControlState
+from scrapy_banker.core.directives import Action, ControlError, ControlState
 from scrapy_banker.core.ops import LeaseToken
-from scrapy_banker.redis.control import ControlChannel, check_cluster
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier.control_channel import ControlChannel, check_cluster
 from scrapy_banker.redis.scripts import ScriptCall
-from scrapy_banker.redis.worker_control import CHARGED, GONE, HELD, Charge
+from scrapy_banker.redis.worker.control_box import CHARGED, GONE, HELD, Charge
 
 pytestmark = pytest.mark.slow  # a real redis-server
 

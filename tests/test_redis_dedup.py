@@ -31,7 +31,7 @@ from scrapy_banker.core.bloom import (
 )
 from scrapy_banker.core.ops import EnqueueOp
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.frontier_enqueue import in_bloom
+from scrapy_banker.redis.frontier.enqueue import in_bloom
 from scrapy_banker.settings import load_redis_config
 from scrapy_banker.testing.redis_server import RedisServer, find_redisbloom_module
 

@@ -17,8 +17,8 @@ import redis
 
 from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.frontier_leases import NotOwner, PopResult
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.leases import NotOwner, PopResult
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 
 pytestmark = pytest.mark.slow  # a real redis-server

@@ -14,6 +14,7 @@ from redis.crc import key_slot
 import scrapy_banker
 from scrapy_banker.net.netstats import LinkStats
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.keys import (
     BUDGET_FIELDS,
     DELIVERIES,
@@ -25,7 +26,6 @@ from scrapy_banker.redis.keys import (
     PartitionKeys,
     decode,
 )
-from scrapy_banker.redis.registry import NodeRegistry
 from scrapy_banker.settings import load_placement_config
 
 PREFIX = "banker:shop"
@@ -151,7 +151,7 @@ def test_decode_is_strict_unless_asked_to_be_lossy() -> None:
 
 @pytest.mark.slow  # a real redis-server
 def test_frontier_registry_and_placement_share_one_keyspace(redis_client: redis.Redis) -> None:
-    from scrapy_banker.redis.placement import PlacementAgent
+    from scrapy_banker.redis.worker.placement_agent import PlacementAgent
 
     frontier = RedisFrontier(redis_client, prefix=PREFIX, partitions=16)
     registry = NodeRegistry(redis_client, frontier)

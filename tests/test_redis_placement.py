@@ -15,8 +15,8 @@ from redis.retry import Retry
 from scrapy_banker.net.netstats import LinkStats
 from scrapy_banker.net.partitions import Move
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.placement import PlacementAgent
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.registry import NodeRegistry
+from scrapy_banker.redis.worker.placement_agent import PlacementAgent
 from scrapy_banker.settings import PlacementConfig, load_placement_config
 
 PREFIX = "pl"

@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.frontier_leases import NotOwner
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.leases import NotOwner
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 
 pytestmark = pytest.mark.slow  # a real redis-server
 

@@ -22,7 +22,7 @@ from conftest import farm_fixture
 
 from scrapy_banker.core.ops import LeaseToken
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisClusterServer, RedisServer
@@ -419,7 +419,7 @@ def test_a_hand_written_lease_meta_is_ignored(value: object) -> None:
 
     from scrapy_banker.redis.scheduler import META_LEASE, BankerRedisScheduler
     from scrapy_banker.redis.store import RedisLeaseStore
-    from scrapy_banker.redis.store_inbound import lease_of
+    from scrapy_banker.redis.store.inbound import lease_of
 
     crawler = get_crawler(settings_dict={"BANKER_REDIS_PARTITIONS": PARTITIONS})
     scheduler = BankerRedisScheduler.from_crawler(crawler)

@@ -9,7 +9,7 @@ import redis
 
 import scrapy_banker.redis
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.frontier_leases import NotOwner
+from scrapy_banker.redis.frontier.leases import NotOwner
 from scrapy_banker.redis.scripts import Busy, Fenced, Refusal, ScriptCall, ScriptRunner
 
 pytestmark = pytest.mark.slow  # a real redis-server

@@ -21,7 +21,7 @@ from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 from scrapy_banker.core.spill import SpillOps
 from scrapy_banker.redis.connection import redacted_url
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
 from scrapy_banker.settings import load_redis_config
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
@@ -276,7 +276,7 @@ def test_the_spill_directory_is_the_setting_else_jobdir_else_the_project_data_di
 ) -> None:
     from scrapy.utils.test import get_crawler
 
-    from scrapy_banker.redis.store_spill import spill_dir
+    from scrapy_banker.redis.store.spill_keeper import spill_dir
 
     monkeypatch.chdir(tmp_path)  # no scrapy.cfg here: data_path is ./.scrapy
     explicit = get_crawler(settings_dict={"BANKER_REDIS_SPILL_DIR": str(tmp_path / "s")})

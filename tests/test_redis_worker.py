@@ -17,7 +17,7 @@ import redis
 
 from scrapy_banker.core.ops import EnqueueOp, LeaseToken
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.registry import NodeRegistry
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
 
 PARTITIONS = 16

@@ -1,6 +1,6 @@
 """RobotsCache: robots.txt fetched once per host per fleet, the others read it from Redis.
 
-What :mod:`scrapy_banker.redis.robots_cache` promises, through
+What :mod:`scrapy_banker.redis.store.robots_cache` promises, through
 :meth:`RobotsCache.fetch`, with one :class:`RobotsCache` per simulated
 worker (its own node name, client and stats) on one real redis-server:
 
@@ -44,7 +44,7 @@ from scrapy.utils.test import get_crawler
 from twisted.internet import defer, task
 
 from scrapy_banker.redis.keys import Keyspace
-from scrapy_banker.redis.robots_cache import ERROR_TTL_S, POLL_S, RobotsCache, RobotsTxt
+from scrapy_banker.redis.store.robots_cache import ERROR_TTL_S, POLL_S, RobotsCache, RobotsTxt
 from scrapy_banker.testing.redis_server import RedisServer, free_port
 
 ORIGIN = "http://a.test"
@@ -371,7 +371,7 @@ async def test_a_worker_that_cannot_reach_redis_downloads_robots_txt_itself(
     client = redis.Redis(port=free_port(), socket_connect_timeout=2, retry=Retry(NoBackoff(), 0))
     cache = RobotsCache(client, KEYSPACE, "node-a", _stats(), ttl_s=60.0, lock_s=30.0)
     download = Downloads()
-    with caplog.at_level(logging.WARNING, "scrapy_banker.redis.robots_cache"):
+    with caplog.at_level(logging.WARNING, "scrapy_banker.redis.store.robots_cache"):
         assert await _fetch(cache, download) == (200, BODY)
         assert await _fetch(cache, download) == (200, BODY)
     client.close()

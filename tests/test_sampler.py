@@ -8,10 +8,10 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_banker.core.banker import BankersState
+from scrapy_banker.core.bankers_algorithm import BankersState
 from scrapy_banker.core.telemetry import sample_from_dict
 from scrapy_banker.net.placement import Observations, PlacementProblem, strategy
-from scrapy_banker.redis.placement import plan_sample
+from scrapy_banker.redis.worker.placement_agent import plan_sample
 from scrapy_banker.scheduler import BankerScheduler
 
 

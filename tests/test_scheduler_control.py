@@ -1,4 +1,4 @@
-"""ControlGate (scrapy_banker.scheduler.control): directives and budgets, unit-tested.
+"""ControlGate (scrapy_banker.scheduler.control_gate): directives and budgets, unit-tested.
 
 The gate is where pause, delay, limit and the one-node budgets take effect
 on a running crawl.  Its other tests are crawls; these are plain pytest, fast
@@ -20,18 +20,18 @@ from scrapy import Request
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.test import get_crawler
 
-from scrapy_banker.core.control import BudgetRules, ControlState, parse_action
+from scrapy_banker.core.directives import BudgetRules, ControlState, parse_action
 from scrapy_banker.core.frontier import Entry
 from scrapy_banker.core.meta import META_CHARGED, META_SLOT
 from scrapy_banker.core.topics import TopicScheduler
-from scrapy_banker.scheduler.control import (
+from scrapy_banker.scheduler.control_gate import (
     CLOSE_BUDGET,
     CLOSE_CRAWL_BUDGET,
     Charge,
     ControlGate,
     unused,
 )
-from scrapy_banker.scheduler.politeness import HeldBack
+from scrapy_banker.scheduler.politeness_gate import HeldBack
 
 HOST = "a.test"
 OTHER = "b.test"

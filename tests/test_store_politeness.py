@@ -1,6 +1,6 @@
 """HostSync: a host's politeness state follows the host's partition across a fleet.
 
-What :mod:`scrapy_banker.redis.store_politeness` promises, through
+What :mod:`scrapy_banker.redis.store.host_sync` promises, through
 :class:`HostSync`'s public methods:
 
 * **published** -- every state that changed since the last publish, and the
@@ -17,7 +17,7 @@ What :mod:`scrapy_banker.redis.store_politeness` promises, through
 In process, not slow: a real :class:`PolitenessGate` (whose politeness is
 the scheduler's), a fake worker recording ``host_state`` calls and holding
 the ``adopted`` queue, and an injected wall clock.  Writing and reading the
-states in Redis is :mod:`scrapy_banker.redis.frontier_hosts`'s, tested with it.
+states in Redis is :mod:`scrapy_banker.redis.frontier.hosts`'s, tested with it.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_banker.core.ops import LeaseToken
 from scrapy_banker.core.politeness import HostState
-from scrapy_banker.redis.store_politeness import HostSync, stored
-from scrapy_banker.scheduler.politeness import PolitenessGate
+from scrapy_banker.redis.store.host_sync import HostSync, stored
+from scrapy_banker.scheduler.politeness_gate import PolitenessGate
 from scrapy_banker.settings import load_config
 
 T0 = 1_800_000_000.0
@@ -258,7 +258,7 @@ def test_an_unreadable_adopted_state_is_skipped_and_logged_once(
             },
         )
     )
-    with caplog.at_level(logging.WARNING, "scrapy_banker.redis.store_politeness"):
+    with caplog.at_level(logging.WARNING, "scrapy_banker.redis.store.host_sync"):
         sync.adopt()
         worker.adopted.append((5, 1, {"later.test": "null"}))
         sync.adopt()

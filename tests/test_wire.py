@@ -4,7 +4,7 @@ What :mod:`scrapy_banker.scheduler.wire` promises, through the middleware's
 public methods and the download handler it wraps:
 
 * a host blocked *now* (a 429 arrived after the request was let go) holds
-  the request back -- :class:`~scrapy_banker.scheduler.politeness.HeldBack`
+  the request back -- :class:`~scrapy_banker.scheduler.politeness_gate.HeldBack`
   is raised, in ``process_request`` and again in the handler;
 * a host with an interval (Crawl-delay, AutoThrottle) has its requests
   spaced by it at the wire, in the handler, measured from the previous one
@@ -39,11 +39,11 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.test import get_crawler
 from twisted.internet import defer
 
-from scrapy_banker.core.control import ControlState, parse_action
+from scrapy_banker.core.directives import ControlState, parse_action
 from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.scheduler import BankerScheduler, running_banker
 from scrapy_banker.scheduler.parts import build
-from scrapy_banker.scheduler.politeness import HeldBack, PolitenessGate
+from scrapy_banker.scheduler.politeness_gate import HeldBack, PolitenessGate
 from scrapy_banker.scheduler.seams import StoreFeatures
 from scrapy_banker.scheduler.store import MemoryStore
 from scrapy_banker.scheduler.wire import GivenBack, WireGateMiddleware

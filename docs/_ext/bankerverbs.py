@@ -1,7 +1,7 @@
 """The operator's verbs in the docs, from the table the code reads.
 
 ``.. banker-verbs::`` is a table of every verb of
-:data:`scrapy_banker.core.control.VERBS`: its command line, what it does and
+:data:`scrapy_banker.core.directives.VERBS`: its command line, what it does and
 whether a single process (``--jobdir``) can carry it out.  The role
 ``:banker-verbs:`WHICH``` names verbs inline (``all``, ``jobdir``: those a
 single process can carry out, ``fleet-only``: those it cannot), as
@@ -18,7 +18,7 @@ from typing import Any
 from docutils import nodes
 from docutils.parsers.rst import Directive
 
-from scrapy_banker.core.control import JOBDIR, VERBS, Verb
+from scrapy_banker.core.directives import JOBDIR, VERBS, Verb
 
 #: ``:banker-verbs:`WHICH``` -> which verbs it names.
 SELECTIONS: dict[str, Callable[[Verb], bool]] = {

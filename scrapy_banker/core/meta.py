@@ -129,7 +129,7 @@ META_PROBE: Final = "banker_probe"
 META_NET_T0: Final = "banker_net_t0"
 
 #: ``(host, topic)`` a request was charged to on one node's budgets
-#: (:class:`~scrapy_banker.scheduler.control.ControlGate`), set when it leaves
+#: (:class:`~scrapy_banker.scheduler.control_gate.ControlGate`), set when it leaves
 #: for the downloader.  Read (and deleted) by ``BankerScheduler`` when the
 #: request is scheduled again -- put back by pushback or a pause, retried, or
 #: redirected with its meta -- which gives the page back: a page is charged

@@ -39,7 +39,7 @@ class TopicSpec:
     #: ``None`` keeps the slice fixed.
     target: int | None = None
     #: Pages the topic may be fetched in all (None: no budget); see
-    #: :mod:`scrapy_banker.core.control`.
+    #: :mod:`scrapy_banker.core.directives`.
     budget: int | None = None
 
     def __post_init__(self) -> None:

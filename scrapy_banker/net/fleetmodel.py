@@ -34,7 +34,7 @@ This module answers it from first principles plus measured costs:
 
 Pure: no Scrapy, Twisted or Redis import, so the docs' tables, the benchmark
 and the tests compute the same numbers.  The constants are copies of the
-worker's (:mod:`scrapy_banker.redis.worker_jobs`, :mod:`scrapy_banker.redis.worker`,
+worker's (:mod:`scrapy_banker.redis.worker.jobs`, :mod:`scrapy_banker.redis.worker`,
 :mod:`scrapy_banker.redis.frontier`), kept literal here because importing
 those modules would import redis-py; ``tests/test_fleetmodel.py`` checks
 that each copy equals the worker's value.
@@ -69,24 +69,24 @@ __all__ = [
 ]
 
 #: Seconds between two table-version polls of a busy worker
-#: (``redis.worker_jobs.SYNC_INTERVAL_S``).
+#: (``redis.worker.jobs.SYNC_INTERVAL_S``).
 SYNC_INTERVAL_S = 0.1
 #: Seconds between two full scans of every owned partition
-#: (``redis.worker_jobs.FULL_SCAN_INTERVAL_S``).
+#: (``redis.worker.jobs.FULL_SCAN_INTERVAL_S``).
 FULL_SCAN_INTERVAL_S = 2.0
-#: Partitions per pop pipeline (``redis.worker_jobs.POP_CHUNK``).
+#: Partitions per pop pipeline (``redis.worker.jobs.POP_CHUNK``).
 POP_CHUNK = 128
-#: Partitions per reap pipeline (``redis.frontier_reaper.REAP_CHUNK``).
+#: Partitions per reap pipeline (``redis.frontier.reaper.REAP_CHUNK``).
 REAP_CHUNK = 128
-#: Partitions counted by one census script on one server (``redis.frontier_census.CENSUS_CHUNK``).
+#: Partitions counted by one census script on one server (``redis.frontier.census.CENSUS_CHUNK``).
 CENSUS_CHUNK = 256
 #: Seconds between census checks of a worker with room it cannot fill
-#: (``redis.worker_jobs.CENSUS_INTERVAL_S``).
+#: (``redis.worker.jobs.CENSUS_INTERVAL_S``).
 CENSUS_INTERVAL_S = 0.1
-#: ... once the crawl was found drained (``redis.worker_jobs.DRAINED_CENSUS_INTERVAL_S``).
+#: ... once the crawl was found drained (``redis.worker.jobs.DRAINED_CENSUS_INTERVAL_S``).
 DRAINED_CENSUS_INTERVAL_S = 0.5
 #: Share of the reap interval a finished reaper round keeps the lock
-#: (``redis.worker_jobs.REAP_HOLD_FRACTION``).
+#: (``redis.worker.jobs.REAP_HOLD_FRACTION``).
 REAP_HOLD_FRACTION = 0.8
 #: Idle sleep (s) of a worker while the crawl is not drained, and for a while
 #: after it drained (``redis.worker.ACTIVE_IDLE_SLEEP_S``).

@@ -23,7 +23,7 @@ owner for every partition whose site is known:
   cost) and :class:`Hash` (keep hashing).  Each returns a
   :class:`PlacementResult`.
 
-Pure: numpy/scipy only; the Redis adapter is :mod:`scrapy_banker.redis.placement`.
+Pure: numpy/scipy only; the Redis adapter is :mod:`scrapy_banker.redis.worker.placement_agent`.
 """
 
 from __future__ import annotations

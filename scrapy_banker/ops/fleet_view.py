@@ -6,7 +6,7 @@ hand-overs), per partition the requests queued, leased and dead-lettered,
 the topics the live nodes report, placement and the reaper.  Everything is
 read from Redis through the crawl's own names
 (:class:`~scrapy_banker.redis.keys.Keyspace`,
-:class:`~scrapy_banker.redis.registry.NodeRegistry`), so the view can never
+:class:`~scrapy_banker.redis.frontier.registry.NodeRegistry`), so the view can never
 drift from what the workers write.  The functions are plain blocking calls
 on a redis-py client: the commands call them directly, the dashboard from a
 Twisted thread.  Nothing here writes: ``GET``/``HGET``/``ZCARD``/``LLEN``-style
@@ -15,7 +15,7 @@ reads in pipelines -- no script, no lock, no key touched.
 The other fleet read models build on this one's reads (:func:`node_registry`,
 :func:`read_telemetry`, :func:`handover_waits`, :func:`server_time_ms`):
 the dead letters (:mod:`scrapy_banker.ops.fleet_deadletters`, which can
-also requeue) and one URL's whereabouts (:mod:`scrapy_banker.ops.explain`).
+also requeue) and one URL's whereabouts (:mod:`scrapy_banker.ops.explanation`).
 
 Each view has ``to_json()``; the schemas (documented in
 ``docs/ops/commands.rst``) carry :data:`SCHEMA_VERSION` at their top level
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.core.telemetry import Sample, sample_from_dict
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.keys import EPOCH_LEASES, QUEUED, Keyspace, decode
-from scrapy_banker.redis.registry import NodeRegistry
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -67,7 +67,7 @@ __all__ = [
 
 #: Version of every ``to_json()`` schema of the fleet read models: this
 #: module's, :mod:`~scrapy_banker.ops.fleet_deadletters`' and
-#: :mod:`~scrapy_banker.ops.explain`'s.
+#: :mod:`~scrapy_banker.ops.explanation`'s.
 SCHEMA_VERSION = 1
 #: Partitions counted per pipeline (4 commands each).
 _CHUNK = 256

@@ -20,7 +20,7 @@ the operator's (``JOBDIR/banker/control.json``) over the settings' the caller
 passes.  A pending request whose host, topic or crawl is spent is *held over
 budget*: a request held at a stop is saved as an ordinary pending one, and a
 resume holds it again -- until a budget is raised -- exactly as
-:meth:`BudgetBook.over <scrapy_banker.core.control.BudgetBook.over>` decides
+:meth:`BudgetBook.over <scrapy_banker.core.directives.BudgetBook.over>` decides
 here.
 """
 
@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.core.control import CRAWL, BudgetBook, BudgetRules, ControlError, ControlState
+from scrapy_banker.core.directives import CRAWL, BudgetBook, BudgetRules, ControlError, ControlState
 from scrapy_banker.core.directory import ExtendibleDirectory
 from scrapy_banker.core.journal import (
     BadLine,

@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from scrapy.exceptions import NotConfigured
 
-from scrapy_banker.core.control import CRAWL
+from scrapy_banker.core.directives import CRAWL
 from scrapy_banker.ops.timeseries import SamplingExtension
 from scrapy_banker.settings import ops_config
 
@@ -143,7 +143,7 @@ def read_control(
     """What the scheduler follows of the operator's control, or None (it follows none).
 
     Reactor thread only: the scheduler's ``control`` gate
-    (:class:`~scrapy_banker.scheduler.control.ControlGate`) holds the state
+    (:class:`~scrapy_banker.scheduler.control_gate.ControlGate`) holds the state
     it applies and the settings' budget rules; a single node counts pages in
     the gate's budget book, a fleet in Redis, whose crawl count the worker
     thread last read (the store's ``features.telemetry.crawl_charged()``).

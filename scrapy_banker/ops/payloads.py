@@ -2,7 +2,7 @@
 
 The read models show what a queued, leased or dead-lettered request would
 fetch -- a fleet's (:mod:`scrapy_banker.ops.fleet_deadletters`,
-:mod:`scrapy_banker.ops.explain`) and a JOBDIR's
+:mod:`scrapy_banker.ops.explanation`) and a JOBDIR's
 (:mod:`scrapy_banker.ops.jobdir_deadletters`) -- without the spider that
 will run it and without pickle.  Both ask the same question, so it is
 answered here, once: the payload is read with the project's JSON codec

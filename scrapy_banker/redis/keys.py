@@ -305,7 +305,7 @@ class Keyspace:
         self.bloom_shards = f"{prefix}:bloom-shards"
         # -- run-time control and budgets (ControlChannel) --
         #: The operator's directives in force, as JSON
-        #: (:class:`~scrapy_banker.core.control.ControlState`).
+        #: (:class:`~scrapy_banker.core.directives.ControlState`).
         self.control = f"{prefix}:control"
         #: List of every operator action (JSON: who, when, what), newest first, capped.
         self.control_log = f"{prefix}:control:log"

@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scrapy_banker.core.banker import BankersState
+from scrapy_banker.core.bankers_algorithm import BankersState
 from scrapy_banker.core.meta import (
     META_FINISH,
     META_GRANT,
@@ -71,7 +71,7 @@ class _Grant:
 
 
 class Admission:
-    """Wraps :class:`~scrapy_banker.core.banker.BankersState` for the scheduler."""
+    """Wraps :class:`~scrapy_banker.core.bankers_algorithm.BankersState` for the scheduler."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """Run-time control of a single process through its JOBDIR: one file the crawl polls.
 
-A fleet's control document lives in Redis (:mod:`scrapy_banker.redis.control`).
+A fleet's control document lives in Redis (:mod:`scrapy_banker.redis.frontier.control_channel`).
 A single process with ``JOBDIR`` gets the same directives through
 ``JOBDIR/banker/control.json``: ``scrapy banker pause HOST --jobdir DIR``
 (and the other actions) rewrites it atomically (a new file renamed over the
@@ -11,7 +11,7 @@ second and applies a new version (:meth:`ControlFile.poll`).  Nothing is
 served over the network and nothing needs a token: whoever may write the
 JOBDIR may already change the crawl.
 
-The same :class:`~scrapy_banker.core.control.ControlState` JSON as a fleet's;
+The same :class:`~scrapy_banker.core.directives.ControlState` JSON as a fleet's;
 a malformed file is logged once and ignored (the crawl keeps following the
 last valid one).  ``purge`` and ``inject`` have no meaning here -- the
 queue is the crawl process's own memory -- and are refused by the command.
@@ -25,7 +25,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from scrapy_banker.core.control import JOBDIR, Action, ControlError, ControlState, get_verb
+from scrapy_banker.core.directives import JOBDIR, Action, ControlError, ControlState, get_verb
 from scrapy_banker.core.files import fsync_dir
 
 try:

@@ -102,7 +102,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_banker.core.control import BudgetBook
+    from scrapy_banker.core.directives import BudgetBook
     from scrapy_banker.core.politeness import Politeness
     from scrapy_banker.scheduler.queue import LocalQueue
     from scrapy_banker.scheduler.serialize import RequestCodec

@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from scrapy_banker.core.topics import TopicScheduler
+from scrapy_banker.scheduler.admission_gate import AdmissionGate
 from scrapy_banker.scheduler.classifier import Classifier
-from scrapy_banker.scheduler.control import ControlGate
+from scrapy_banker.scheduler.control_gate import ControlGate
 from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.engine import wake_engine
-from scrapy_banker.scheduler.gate import AdmissionGate
-from scrapy_banker.scheduler.politeness import PolitenessGate
+from scrapy_banker.scheduler.politeness_gate import PolitenessGate
 from scrapy_banker.scheduler.queue import LocalQueue
 from scrapy_banker.scheduler.seams import RequestStore, SchedulerParts, StoreFactory
 from scrapy_banker.scheduler.serialize import RequestCodec

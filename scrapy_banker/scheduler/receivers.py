@@ -16,7 +16,7 @@ from scrapy import signals
 from scrapy.exceptions import CloseSpider
 
 from scrapy_banker.core.meta import META_GRANT, META_SLOT, existing_meta
-from scrapy_banker.scheduler.politeness import HeldBack
+from scrapy_banker.scheduler.politeness_gate import HeldBack
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -101,7 +101,7 @@ class Receivers:
     def pushback(self, request: Request, response: Response) -> Response | Request:
         """A response arrived (``BankerDownloaderMiddleware``): the response, or the request
         to put back; ``IgnoreRequest`` for one dead-lettered.  See
-        :meth:`~scrapy_banker.scheduler.politeness.PolitenessGate.response`."""
+        :meth:`~scrapy_banker.scheduler.politeness_gate.PolitenessGate.response`."""
         polite = self.parts.politeness
         if not polite.enabled:
             return response

@@ -22,7 +22,7 @@ fixed; the add-on puts it in place of Scrapy's (same order, 100) when
   another parser nothing is applied.
 * **Once per fleet.**  On :class:`~scrapy_banker.redis.scheduler.BankerRedisScheduler`
   the body comes through the store's ``robots_cache``
-  (:class:`~scrapy_banker.redis.robots_cache.RobotsCache`): one worker of
+  (:class:`~scrapy_banker.redis.store.robots_cache.RobotsCache`): one worker of
   the fleet fetches it, the others read it from Redis.
 
 Everything else is Scrapy's: ``Disallow`` rules, ``dont_obey_robotstxt``,

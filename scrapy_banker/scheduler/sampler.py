@@ -43,7 +43,7 @@ from scrapy_banker.core.telemetry import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from scrapy_banker.scheduler.gate import AdmissionGate
+    from scrapy_banker.scheduler.admission_gate import AdmissionGate
     from scrapy_banker.scheduler.seams import RequestStore, SchedulerParts
 
 __all__ = ["admission_sample", "take_sample"]

@@ -27,16 +27,16 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from twisted.internet.defer import Deferred
 
-    from scrapy_banker.core.control import ControlState
+    from scrapy_banker.core.directives import ControlState
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import HostState
     from scrapy_banker.core.telemetry import FleetSample, PlacementSample
+    from scrapy_banker.scheduler.admission_gate import AdmissionGate
     from scrapy_banker.scheduler.classifier import Classified, Classifier
-    from scrapy_banker.scheduler.control import ControlGate
+    from scrapy_banker.scheduler.control_gate import ControlGate
     from scrapy_banker.scheduler.downloader import DownloaderView
-    from scrapy_banker.scheduler.gate import AdmissionGate
     from scrapy_banker.scheduler.jobdir import JobDir
-    from scrapy_banker.scheduler.politeness import PolitenessGate
+    from scrapy_banker.scheduler.politeness_gate import PolitenessGate
     from scrapy_banker.scheduler.queue import LocalQueue
     from scrapy_banker.scheduler.serialize import RequestCodec
     from scrapy_banker.settings import BankerConfig
@@ -84,14 +84,17 @@ class SchedulerParts:
 
 
 class WireCheck(Protocol):
-    """A store's last-moment check (a fleet's: :class:`~scrapy_banker.redis.fence.LeaseFence`)."""
+    """A store's last-moment check.
+
+    A fleet's is :class:`~scrapy_banker.redis.store.lease_fence.LeaseFence`.
+    """
 
     def check(self, request: Request, where: str) -> None:
         """Return if ``request`` may be sent; else give it back and raise ``GivenBack``."""
 
 
 class SharedRobots(Protocol):
-    """How a store shares robots.txt (a fleet's: :mod:`scrapy_banker.redis.robots_cache`)."""
+    """How a store shares robots.txt (a fleet's: :mod:`scrapy_banker.redis.store.robots_cache`)."""
 
     def fetch(
         self, origin: str, download: Callable[[], Awaitable[RobotsTxt]]

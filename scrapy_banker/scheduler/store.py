@@ -28,9 +28,9 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_banker.core.meta import META_CHARGED, META_SLOT
 from scrapy_banker.scheduler.classifier import Classified
-from scrapy_banker.scheduler.control import unused
 from scrapy_banker.scheduler.control_file import POLL_S as CONTROL_POLL_S
 from scrapy_banker.scheduler.control_file import ControlFile
+from scrapy_banker.scheduler.control_gate import unused
 from scrapy_banker.scheduler.dupes import SeenURLs
 from scrapy_banker.scheduler.engine import requests_in_progress
 from scrapy_banker.scheduler.feeds import FeedBarrier
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
-    from scrapy_banker.core.control import ControlState
+    from scrapy_banker.core.directives import ControlState
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import HostState
 
@@ -271,7 +271,7 @@ class MemoryStore:
     def _finish(self) -> None:
         """Journal the completion of dispatched requests the engine is done with.
 
-        The rule of :meth:`~scrapy_banker.redis.store_acks.AckBook.ack_finished`:
+        The rule of :meth:`~scrapy_banker.redis.store.acks.AckBook.ack_finished`:
         done once the request left the engine's ``requests_in_progress`` (its
         callback's output is scheduled, so its children are journaled before
         this record); without the engine's view, once its slot was released.

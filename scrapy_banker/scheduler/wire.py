@@ -20,13 +20,13 @@ again at the last moment, by :class:`WireGateMiddleware`, in two places:
 What is checked:
 
 * **the host's politeness** (:meth:`PolitenessGate.at_wire
-  <scrapy_banker.scheduler.politeness.PolitenessGate.at_wire>`): a host
-  blocked now puts the request back (:class:`~scrapy_banker.scheduler.politeness.HeldBack`),
+  <scrapy_banker.scheduler.politeness_gate.PolitenessGate.at_wire>`): a host
+  blocked now puts the request back (:class:`~scrapy_banker.scheduler.politeness_gate.HeldBack`),
   and a host with an interval (Crawl-delay, AutoThrottle) has its requests
   spaced by it at the wire, where a server measures it;
 * **the store's own check**, if it has one (``store.features.fence``, a
   :class:`~scrapy_banker.scheduler.seams.WireCheck`): a fleet worker's lease
-  (:class:`~scrapy_banker.redis.fence.LeaseFence`), given back when it
+  (:class:`~scrapy_banker.redis.store.lease_fence.LeaseFence`), given back when it
   cannot be proven, the request then rescheduled and dropped by the store.
 
 It does nothing for requests the scheduler did not hand out
@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
-    from scrapy_banker.scheduler.control import ControlGate
-    from scrapy_banker.scheduler.politeness import PolitenessGate
+    from scrapy_banker.scheduler.control_gate import ControlGate
+    from scrapy_banker.scheduler.politeness_gate import PolitenessGate
 
 logger = logging.getLogger(__name__)
 

@@ -4,12 +4,12 @@ With ``BANKER_PLACEMENT = "hash"`` (the default) that is the registry's
 rebalance for the live nodes, dealing out the work queued and leased now
 (:meth:`PartitionTable.rebalance <scrapy_banker.net.partitions.PartitionTable.rebalance>`);
 otherwise the network-aware plan from what the fleet measured
-(:class:`~scrapy_banker.redis.placement.PlacementAgent`).  Without
+(:class:`~scrapy_banker.redis.worker.placement_agent.PlacementAgent`).  Without
 ``--apply`` the plan is computed on a copy of the table and shown -- moves,
 the work they carry, the partitions whose new owner would wait for leases
 (the hand-over fence), the plan's costs -- and nothing is written.  With
 ``--apply`` the same change goes through
-:meth:`NodeRegistry.update <scrapy_banker.redis.registry.NodeRegistry.update>`
+:meth:`NodeRegistry.update <scrapy_banker.redis.frontier.registry.NodeRegistry.update>`
 under the fleet's rebalance lock, with new epochs for the moved partitions:
 fenced exactly like the crawl's own rebalance.
 """
@@ -56,7 +56,7 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     from scrapy_banker.net.partitions import PartitionTable
     from scrapy_banker.ops.fleet_view import count_partitions, handover_waits
     from scrapy_banker.redis.frontier import RedisFrontier
-    from scrapy_banker.redis.registry import NodeRegistry
+    from scrapy_banker.redis.frontier.registry import NodeRegistry
     from scrapy_banker.settings import load_placement_config
 
     rconfig = redis_settings(settings, opts)
@@ -114,7 +114,7 @@ def _planner(
     if pconfig.mode == "hash":
         return lambda table, live: table.rebalance(live, work=work)
     from scrapy_banker.net.netstats import LinkStats
-    from scrapy_banker.redis.placement import PlacementAgent
+    from scrapy_banker.redis.worker.placement_agent import PlacementAgent
 
     # The agent plans from what the fleet published; it measures nothing here.
     agent = PlacementAgent(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from scrapy.commands import ScrapyCommand
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from scrapy_banker.core.control import VERBS
+from scrapy_banker.core.directives import VERBS
 from scrapy_banker.ops.commands import CommandError
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 #: Subcommands with a module of this package each, in the order ``--help`` lists them.
 SUBCOMMANDS = ("status", "explain", "assign", "deadletters", "plot", "dashboard")
 #: The run-time control subcommands, all in :mod:`scrapy_banker.ops.commands.control`:
-#: ``control``, then one per operator verb of :data:`~scrapy_banker.core.control.VERBS`.
+#: ``control``, then one per operator verb of :data:`~scrapy_banker.core.directives.VERBS`.
 CONTROL = ("control", *VERBS)
 
 

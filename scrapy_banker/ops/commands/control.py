@@ -1,10 +1,10 @@
 """``scrapy banker VERB ...`` and ``scrapy banker control``: steer a running crawl.
 
 There is one subcommand per operator verb of
-:data:`~scrapy_banker.core.control.VERBS` (``pause``, ``limit``, ``inject``, ...):
+:data:`~scrapy_banker.core.directives.VERBS` (``pause``, ``limit``, ``inject``, ...):
 its arguments, its help and where it can be carried out all come from that
 table.  Each action changes the fleet's control document in Redis
-(:mod:`scrapy_banker.redis.control`); every worker reads it twice a
+(:mod:`scrapy_banker.redis.frontier.control_channel`); every worker reads it twice a
 heartbeat, so it is in force fleet-wide within a heartbeat and survives
 rebalances.  Bad input -- an unknown host (``--force`` to set it anyway), a
 malformed URL, a negative budget, a topic the crawl does not have -- is one
@@ -35,7 +35,7 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.core.control import VERBS, Action, ControlError, Verb
+from scrapy_banker.core.directives import VERBS, Action, ControlError, Verb
 from scrapy_banker.ops.commands import CommandError
 from scrapy_banker.ops.commands._common import (
     add_target_arguments,
@@ -55,9 +55,9 @@ if TYPE_CHECKING:
     from rich.console import Console
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.core.control import BudgetRules, ControlState
-    from scrapy_banker.ops.control import Controller, JobdirController
-    from scrapy_banker.redis.control import BudgetCounts
+    from scrapy_banker.core.directives import BudgetRules, ControlState
+    from scrapy_banker.ops.controller import Controller, JobdirController
+    from scrapy_banker.redis.frontier.control_channel import BudgetCounts
 
 #: The subcommand that shows the control state (the others are the verbs of VERBS).
 SHOW = "control"
@@ -72,7 +72,7 @@ HOSTS_SHOWN = 20
 
 def _where(verb: Verb) -> str:
     """A verb's help epilogue: where it can be carried out."""
-    from scrapy_banker.core.control import FLEET, JOBDIR
+    from scrapy_banker.core.directives import FLEET, JOBDIR
 
     if verb.available(FLEET) and verb.available(JOBDIR):
         return "On a fleet (Redis), or on a single process with --jobdir DIR."
@@ -126,8 +126,8 @@ def _controller(
     opts: argparse.Namespace, settings: BaseSettings, verb: str | None = None
 ) -> Controller | JobdirController:
     """The crawl's controller; a ``verb`` its mode cannot carry out is refused first."""
-    from scrapy_banker.core.control import JOBDIR, get_verb
-    from scrapy_banker.ops.control import Controller, JobdirController
+    from scrapy_banker.core.directives import JOBDIR, get_verb
+    from scrapy_banker.ops.controller import Controller, JobdirController
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.settings import load_config
 
@@ -180,7 +180,7 @@ def _table_size(client: Any, key: str) -> int | None:
 
 
 def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int:
-    from scrapy_banker.ops.control import Controller
+    from scrapy_banker.ops.controller import Controller
 
     if verb == SHOW:
         return _show(opts, settings)
@@ -222,7 +222,7 @@ def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int
 
 
 def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
-    from scrapy_banker.ops.control import Controller
+    from scrapy_banker.ops.controller import Controller
 
     if opts.last < 0:
         raise CommandError(f"--last takes a number >= 0, got {opts.last}")
@@ -253,7 +253,7 @@ def _show(opts: argparse.Namespace, settings: BaseSettings) -> int:
 
 def _show_jobdir(opts: argparse.Namespace, controller: JobdirController) -> int:
     from scrapy_banker.ops.jobdir_view import jobdir_budgets
-    from scrapy_banker.redis.control import BudgetCounts
+    from scrapy_banker.redis.frontier.control_channel import BudgetCounts
 
     try:
         state = controller.file.load()

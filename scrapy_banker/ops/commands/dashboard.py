@@ -21,11 +21,11 @@ one line saying to give one of them and exit code 2.
   no lock is taken, a running crawl is never disturbed.
 
 Actions -- requeue dead letters, and the run-time control of ``scrapy banker
-VERB ...`` (the verbs of :data:`~scrapy_banker.core.control.VERBS`) -- need
+VERB ...`` (the verbs of :data:`~scrapy_banker.core.directives.VERBS`) -- need
 ``BANKER_DASHBOARD_TOKEN``; without it the dashboard is read-only.  They go
 through the same code as the command line (a
-:class:`~scrapy_banker.ops.control.Controller` on the fleet's Redis, a
-:class:`~scrapy_banker.ops.control.JobdirController` on
+:class:`~scrapy_banker.ops.controller.Controller` on the fleet's Redis, a
+:class:`~scrapy_banker.ops.controller.JobdirController` on
 ``JOBDIR/banker/control.json``; :func:`scrapy_banker.ops.jobdir_deadletters.requeue`
 for a JOBDIR's dead letters), so the page and the command line accept and
 refuse the same things: the verbs a single process cannot carry out (``purge``,
@@ -54,8 +54,8 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.ops.control import Controller, JobdirController
-    from scrapy_banker.ops.dashboard.server import ControlRequest
+    from scrapy_banker.ops.controller import Controller, JobdirController
+    from scrapy_banker.ops.dashboard.web_app import ControlRequest
     from scrapy_banker.ops.jobdir_view import JobdirView
     from scrapy_banker.settings import BankerConfig
 
@@ -142,8 +142,8 @@ def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
     ``hosts_total`` and ``held_total`` say how many there are in all.  A
     single process's are read from its JOBDIR's files, as ``control --jobdir`` does.
     """
-    from scrapy_banker.core.control import ControlState
-    from scrapy_banker.ops.control import JobdirController
+    from scrapy_banker.core.directives import ControlState
+    from scrapy_banker.ops.controller import JobdirController
     from scrapy_banker.ops.jobdir_view import jobdir_budgets
 
     errors: list[str] = []
@@ -214,10 +214,10 @@ def verb_info(where: str) -> dict[str, Any]:
 
     ``verbs``: what each verb ``where`` can carry out takes, in words.
     ``control_verbs``: every verb of the table, in its order, with what the
-    form needs to offer it (:meth:`~scrapy_banker.core.control.Verb.to_json`:
+    form needs to offer it (:meth:`~scrapy_banker.core.directives.Verb.to_json`:
     ``name``, ``help``, ``takes_value``, placeholders, ``available`` here).
     """
-    from scrapy_banker.core.control import VERBS, verbs_in
+    from scrapy_banker.core.directives import VERBS, verbs_in
 
     return {
         "verbs": {v.name: v.usage for v in verbs_in(where)},
@@ -228,7 +228,7 @@ def verb_info(where: str) -> dict[str, Any]:
 def _controller(client: Any, settings: BaseSettings, opts: argparse.Namespace) -> Controller:
     """A :class:`Controller` on the crawl's keyspace, built like ``scrapy banker pause``'s."""
     from scrapy_banker.ops.commands._common import redis_settings
-    from scrapy_banker.ops.control import Controller
+    from scrapy_banker.ops.controller import Controller
     from scrapy_banker.redis.frontier import RedisFrontier
 
     config = _config(settings)
@@ -263,7 +263,7 @@ class _Source:
     requeue: Callable[[int | None], int]
     controller: Controller | JobdirController
     #: Where the controller carries actions out (``FLEET``, ``JOBDIR`` of
-    #: :mod:`scrapy_banker.core.control`): the page offers the verbs it can.
+    #: :mod:`scrapy_banker.core.directives`): the page offers the verbs it can.
     where: str
     #: ``{node: {topic: cumulative pages}}`` of an answer, for the rates.
     pages: Callable[[Mapping[str, Any]], Mapping[str, Mapping[str, int]]] | None = None
@@ -274,7 +274,7 @@ class _Source:
 
 def _fleet_source(settings: BaseSettings, opts: argparse.Namespace) -> _Source:
     """The fleet on Redis; ``CommandError`` if Redis does not answer or a setting is bad."""
-    from scrapy_banker.core.control import FLEET
+    from scrapy_banker.core.directives import FLEET
     from scrapy_banker.ops.commands._common import connect, redis_settings
 
     node_timeout = redis_settings(settings, opts).node_timeout
@@ -365,10 +365,10 @@ def _jobdir_pages(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
 
 def _jobdir_source(jobdir: str, settings: BaseSettings) -> _Source:
     """A single process's JOBDIR; ``CommandError`` if it holds no scrapy-banker crawl."""
-    from scrapy_banker.core.control import JOBDIR
+    from scrapy_banker.core.directives import JOBDIR
     from scrapy_banker.ops import jobdir_deadletters
-    from scrapy_banker.ops.control import JobdirController
-    from scrapy_banker.ops.dashboard.server import ActionRefused
+    from scrapy_banker.ops.controller import JobdirController
+    from scrapy_banker.ops.dashboard.web_app import ActionRefused
     from scrapy_banker.scheduler.jobdir import JobdirLocked
     from scrapy_banker.scheduler.serialize import RequestCodec
 
@@ -475,7 +475,7 @@ def _serve(
     reactor = _reactor(settings)
     from twisted.internet.error import CannotListenError
 
-    from scrapy_banker.ops.dashboard.server import (
+    from scrapy_banker.ops.dashboard.web_app import (
         Actions,
         Dashboard,
         FleetPoller,

@@ -112,7 +112,7 @@ def _explain_fleet(
     config: BankerConfig,
     fingerprint: str,
 ) -> dict[str, Any]:
-    from scrapy_banker.ops.explain import explain_url
+    from scrapy_banker.ops.explanation import explain_url
 
     rconfig = redis_settings(settings, opts)
     client, keyspace = connect(settings, opts)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.core.control import CRAWL
+from scrapy_banker.core.directives import CRAWL
 from scrapy_banker.ops.commands import CommandError
 from scrapy_banker.ops.commands._common import (
     add_target_arguments,

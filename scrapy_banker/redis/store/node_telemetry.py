@@ -21,9 +21,9 @@ from scrapy_banker.settings import ops_config
 
 if TYPE_CHECKING:
     from scrapy_banker.core.telemetry import PlacementSample
-    from scrapy_banker.redis.store_acks import AckBook
-    from scrapy_banker.redis.store_inbound import Inbound
-    from scrapy_banker.redis.store_placement import PlacementHook
+    from scrapy_banker.redis.store.acks import AckBook
+    from scrapy_banker.redis.store.inbound import Inbound
+    from scrapy_banker.redis.store.placement_hook import PlacementHook
     from scrapy_banker.redis.worker import FrontierWorker
     from scrapy_banker.scheduler.seams import RequestStore, SchedulerParts
 

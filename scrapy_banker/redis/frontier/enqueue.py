@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
     from scrapy_banker.core.ops import EnqueueOp
-    from scrapy_banker.redis.frontier_link import FrontierLink
+    from scrapy_banker.redis.frontier.link import FrontierLink
     from scrapy_banker.redis.keys import Keyspace
 
 logger = logging.getLogger(__name__)

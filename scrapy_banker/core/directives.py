@@ -12,7 +12,7 @@ with an error that names the argument and what is allowed
 (:class:`ControlError`).
 
 It is kept apart from *where* the state lives -- a Redis key for a fleet
-(:mod:`scrapy_banker.redis.control`), a file in a JOBDIR for a single
+(:mod:`scrapy_banker.redis.frontier.control_channel`), a file in a JOBDIR for a single
 process -- so that every channel stores the same JSON and applies the same
 rules.  Budgets are resolved here too (:class:`BudgetRules`): an operator's
 per-host budget, else the first ``BANKER_HOST_BUDGETS`` pattern that

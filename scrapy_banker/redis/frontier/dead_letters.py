@@ -2,7 +2,7 @@
 
 A request lands in its partition's dead-letter list (``{prefix:p}:dead``) when
 its fetch began ``max_deliveries`` times without an ack (the reaper,
-:mod:`scrapy_banker.redis.frontier_reaper`) or when a worker could not
+:mod:`scrapy_banker.redis.frontier.reaper`) or when a worker could not
 decode its payload (:meth:`DeadLetters.call`, sent with the worker's
 batch).  Each letter is JSON with the payload and the reason; the operator
 lists them and may queue one again (``scrapy banker deadletters``).
@@ -18,7 +18,7 @@ from scrapy_banker.redis.scripts import ScriptCall
 
 if TYPE_CHECKING:
     from scrapy_banker.core.ops import LeaseToken
-    from scrapy_banker.redis.frontier_link import FrontierLink
+    from scrapy_banker.redis.frontier.link import FrontierLink
 
 __all__ = ["DeadLetters"]
 
@@ -56,7 +56,7 @@ class DeadLetters:
         queues its payload in one step, so a letter is never lost nor queued
         twice.  Only the operator's ``scrapy banker deadletters --requeue``
         calls this; follow it with :meth:`WorkCensus.bump_finished
-        <scrapy_banker.redis.frontier_census.WorkCensus.bump_finished>`.
+        <scrapy_banker.redis.frontier.census.WorkCensus.bump_finished>`.
         """
         k = self.link.keys(partition)
         (answer,) = self.link.scripts.values(

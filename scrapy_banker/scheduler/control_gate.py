@@ -1,13 +1,13 @@
 """The operator's directives and the budgets, applied where requests leave.
 
 :class:`ControlGate` is a part of :class:`~scrapy_banker.scheduler.BankerScheduler`
-that enforces a :class:`~scrapy_banker.core.control.ControlState` (read by a
-fleet worker from Redis, :mod:`scrapy_banker.redis.worker_control`):
+that enforces a :class:`~scrapy_banker.core.directives.ControlState` (read by a
+fleet worker from Redis, :mod:`scrapy_banker.redis.worker.control_box`):
 
 * **pause** -- a paused host has no room: its lanes park like a full slot's,
   at no cost per pop, and come back when it is resumed.  A request already
   let go is stopped at the wire (:meth:`ControlGate.check`, raising
-  :class:`~scrapy_banker.scheduler.politeness.HeldBack`, which puts it back)
+  :class:`~scrapy_banker.scheduler.politeness_gate.HeldBack`, which puts it back)
   and the host's requests waiting in its download slot are taken out, so
   nothing is sent to a paused host once the directive is read.  A paused
   topic is skipped by the topic scheduler (its requests stay queued).
@@ -16,7 +16,7 @@ fleet worker from Redis, :mod:`scrapy_banker.redis.worker_control`):
 * **limit** -- the host's concurrency: the download slot's own
   ``concurrency``, so Scrapy's downloader and this scheduler's room check
   both follow it; the slot's own value comes back when the limit is removed.
-* **budgets** on one node (:class:`~scrapy_banker.core.control.BudgetBook`):
+* **budgets** on one node (:class:`~scrapy_banker.core.directives.BudgetBook`):
   a request is charged when it leaves for the downloader; one whose host,
   topic or crawl is spent is held aside (counted in ``banker/budget/held``,
   never dropped silently) and let go when a budget is raised.  A fleet
@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.core.control import BudgetBook, BudgetRules, ControlState
+from scrapy_banker.core.directives import BudgetBook, BudgetRules, ControlState
 from scrapy_banker.core.meta import META_CHARGED, META_SLOT
 from scrapy_banker.scheduler.engine import Timer, call_later
-from scrapy_banker.scheduler.politeness import HeldBack
+from scrapy_banker.scheduler.politeness_gate import HeldBack
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -117,7 +117,7 @@ class ControlGate:
         self.topics = topics
         #: When a host's last request went to the wire (the politeness gate's
         #: record, :meth:`PolitenessGate.last_wire
-        #: <scrapy_banker.scheduler.politeness.PolitenessGate.last_wire>`).
+        #: <scrapy_banker.scheduler.politeness_gate.PolitenessGate.last_wire>`).
         self.last_wire = last_wire
         #: Counts pages on one node; None where the store counts them (a
         #: fleet's, in Redis with its leases: ``counting=False``).

@@ -277,7 +277,7 @@ class PolitenessGate:
         """When ``slot``'s last spaced request went to the wire (0: none yet).
 
         The one record of a host's last send at the wire: the operator's
-        ``delay`` (:class:`~scrapy_banker.scheduler.control.ControlGate`) is
+        ``delay`` (:class:`~scrapy_banker.scheduler.control_gate.ControlGate`) is
         measured from it too.
         """
         return self._wire.get(slot, 0.0)

@@ -1,11 +1,11 @@
 """What the parts of a crawl's Redis frontier share: one client, its scripts, its keys.
 
 :class:`~scrapy_banker.redis.frontier.RedisFrontier` is composed of parts by
-concern -- queueing with dedup (:mod:`~scrapy_banker.redis.frontier_enqueue`),
-leases (:mod:`~scrapy_banker.redis.frontier_leases`), the reaper
-(:mod:`~scrapy_banker.redis.frontier_reaper`), counting the work left
-(:mod:`~scrapy_banker.redis.frontier_census`) and dead letters
-(:mod:`~scrapy_banker.redis.frontier_deadletters`).  Each one talks to Redis
+concern -- queueing with dedup (:mod:`~scrapy_banker.redis.frontier.enqueue`),
+leases (:mod:`~scrapy_banker.redis.frontier.leases`), the reaper
+(:mod:`~scrapy_banker.redis.frontier.reaper`), counting the work left
+(:mod:`~scrapy_banker.redis.frontier.census`) and dead letters
+(:mod:`~scrapy_banker.redis.frontier.dead_letters`).  Each one talks to Redis
 through the same :class:`FrontierLink`: every key name comes from its one
 :class:`~scrapy_banker.redis.keys.Keyspace` and every Lua script runs through
 its one :class:`~scrapy_banker.redis.scripts.ScriptRunner`, so no part keeps
@@ -57,6 +57,6 @@ class FrontierLink:
 
         Empty on a cluster: it is in another slot than any partition, so a
         partition's script cannot touch it there -- topic and crawl budgets
-        need a single server (:mod:`scrapy_banker.redis.control`).
+        need a single server (:mod:`scrapy_banker.redis.frontier.control_channel`).
         """
         return [] if self.cluster else [self.keyspace.budget]

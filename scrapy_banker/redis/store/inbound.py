@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_banker.core.meta import META_LEASE
 from scrapy_banker.core.ops import LeaseToken
-from scrapy_banker.redis.worker_control import CHARGED, HELD, Charge
+from scrapy_banker.redis.worker.control_box import CHARGED, HELD, Charge
 from scrapy_banker.scheduler.classifier import UnparsableURL
 from scrapy_banker.scheduler.serialize import MalformedPayload
 
@@ -31,9 +31,9 @@ if TYPE_CHECKING:
 
     from scrapy import Request, Spider
 
-    from scrapy_banker.core.control import BudgetRules, ControlState
+    from scrapy_banker.core.directives import BudgetRules, ControlState
     from scrapy_banker.core.frontier import Entry
-    from scrapy_banker.redis.store_politeness import HostSync
+    from scrapy_banker.redis.store.host_sync import HostSync
     from scrapy_banker.redis.worker import FrontierWorker
     from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.seams import SchedulerParts

@@ -2,7 +2,7 @@
 
 :class:`~scrapy_banker.redis.worker.FrontierWorker` runs them in turn on its
 one thread, which does all of a node's Redis I/O; each keeps its own timers
-and shares the rest through :class:`~scrapy_banker.redis.worker_state.WorkerState`.
+and shares the rest through :class:`~scrapy_banker.redis.worker.state.WorkerState`.
 Each has a public step -- ``run_once`` (when due) and the unconditional
 action it times -- so a test drives a job exactly as the loop does:
 
@@ -21,7 +21,7 @@ action it times -- so a test drives a job exactly as the loop does:
 * :class:`TableSync` -- the partition table's version, read many times a
   second, and the table reloaded when it changed, so a partition that moved
   is given up within tens of milliseconds; the partitions other workers woke
-  (:meth:`NodeRegistry.poll <scrapy_banker.redis.registry.NodeRegistry.poll>`);
+  (:meth:`NodeRegistry.poll <scrapy_banker.redis.frontier.registry.NodeRegistry.poll>`);
 * :class:`Popper` -- a bounded local buffer, filled from the owned partitions
   known to hold work (with a slow full scan as a safety net); a partition
   whose requests this node already holds up to a cap is skipped, so the
@@ -32,7 +32,7 @@ action it times -- so a test drives a job exactly as the loop does:
   queued or leased anywhere the crawl is over (exactly, not after a quiet
   period), else partitions whose work waits for a saturated node may be
   taken over (:meth:`NodeRegistry.steal
-  <scrapy_banker.redis.registry.NodeRegistry.steal>`).
+  <scrapy_banker.redis.frontier.registry.NodeRegistry.steal>`).
 
 The intervals are module constants; ``scrapy_banker.net.fleetmodel`` models
 the Redis load they cause with copies of them (``tests/test_fleetmodel.py``
@@ -47,16 +47,16 @@ from typing import TYPE_CHECKING
 
 from scrapy_banker.core.spill import SpillOps
 from scrapy_banker.redis.connection import REDIS_ERRORS
-from scrapy_banker.redis.frontier_hosts import HostWrite
+from scrapy_banker.redis.frontier.hosts import HostWrite
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence, Set
 
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.net.partitions import Move
-    from scrapy_banker.redis.frontier_census import Census
-    from scrapy_banker.redis.placement import PlacementAgent
-    from scrapy_banker.redis.worker_state import FleetLink, WorkerState
+    from scrapy_banker.redis.frontier.census import Census
+    from scrapy_banker.redis.worker.placement_agent import PlacementAgent
+    from scrapy_banker.redis.worker.state import FleetLink, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -502,7 +502,7 @@ class Popper:
     def adopt(self, hosts: Mapping[int, dict[str, str]], epochs: Mapping[int, int]) -> None:
         """Hand the scheduler the hosts' states of partitions popped for the first
         time at their epoch, before their leases (:attr:`WorkerState.adopted
-        <scrapy_banker.redis.worker_state.WorkerState.adopted>`).
+        <scrapy_banker.redis.worker.state.WorkerState.adopted>`).
 
         Read in the pop's pipeline, after a pop that was not ``BUSY``: every
         lease of an earlier owner was released, after the states it wrote.

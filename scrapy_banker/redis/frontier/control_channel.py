@@ -5,7 +5,7 @@ changes one JSON document, :attr:`Keyspace.control
 <scrapy_banker.redis.keys.Keyspace.control>`, by compare-and-set (a script:
 two operators acting at once both land, one after the other, on a cluster
 too), and appends a line to the action log.  Every worker reads the
-document twice a heartbeat (:class:`~scrapy_banker.redis.worker_control.ControlJob`)
+document twice a heartbeat (:class:`~scrapy_banker.redis.worker.control_box.ControlJob`)
 and applies it to the hosts it fetches; nothing is sent to a worker, so an
 action reaches the nodes that join later and survives any rebalance: the
 partition's new owner reads the same document.
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from scrapy_banker.core.control import Action, ControlError, ControlState
+from scrapy_banker.core.directives import Action, ControlError, ControlState
 from scrapy_banker.redis.keys import (
     CRAWL_DONE,
     CRAWL_PAGES,
@@ -43,7 +43,7 @@ from scrapy_banker.redis.scripts import ScriptCall
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from scrapy_banker.redis.frontier_link import FrontierLink
+    from scrapy_banker.redis.frontier.link import FrontierLink
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ to the worker thread (:meth:`FrontierWorker.enqueue
 <scrapy_banker.redis.worker.FrontierWorker.enqueue>`) with its partition --
 its queue key's hash modulo the partition count, so one host's requests
 share a partition and one worker -- and its fingerprint, which the enqueue
-script checks against the crawl's seen set (:mod:`scrapy_banker.redis.frontier_enqueue`).
+script checks against the crawl's seen set (:mod:`scrapy_banker.redis.frontier.enqueue`).
 Nothing here waits for Redis.
 
 Links the crawl finds again and again cost neither encoding nor a Lua call:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.utils.request import RequestFingerprinterProtocol
 
-    from scrapy_banker.redis.store_placement import PlacementHook
+    from scrapy_banker.redis.store.placement_hook import PlacementHook
     from scrapy_banker.redis.worker import FrontierWorker
     from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.seams import SchedulerParts

@@ -5,7 +5,7 @@ requests; the pop script fences a node off a partition it lost, and a new
 owner's pops wait until the old owner's leases are released or expired.
 What a worker already took out of Redis is checked again when the scheduler
 dispatches it (:meth:`Inbound.keep
-<scrapy_banker.redis.store_inbound.Inbound.keep>`).  But between the
+<scrapy_banker.redis.store.inbound.Inbound.keep>`).  But between the
 scheduler and the socket a request can wait: in the downloader middlewares
 (robots.txt being fetched), in its download slot's queue (``DOWNLOAD_DELAY``,
 AutoThrottle, a full slot).  A worker frozen there (SIGSTOP, a suspended VM,
@@ -36,7 +36,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from scrapy_banker.redis.store_inbound import lease_of
+from scrapy_banker.redis.store.inbound import lease_of
 from scrapy_banker.scheduler.wire import GivenBack
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_banker.redis.store_acks import AckBook
+    from scrapy_banker.redis.store.acks import AckBook
     from scrapy_banker.redis.worker import FrontierWorker
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The pure core of run-time control and budgets (scrapy_banker.core.control): plain pytest."""
+"""The pure core of run-time control and budgets (scrapy_banker.core.directives): plain pytest."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from scrapy_banker.core import control
-from scrapy_banker.core.control import (
+from scrapy_banker.core import directives as control
+from scrapy_banker.core.directives import (
     FLEET,
     HOST,
     JOBDIR,

@@ -1,11 +1,11 @@
 """Carrying out an operator's action on a fleet: what ``scrapy banker`` and the dashboard share.
 
 :class:`Controller` turns an operator's words into a checked
-:class:`~scrapy_banker.core.control.Action` -- a host the crawl never queued,
+:class:`~scrapy_banker.core.directives.Action` -- a host the crawl never queued,
 a topic it does not have, a negative budget, a URL it cannot fetch are
-refused with :class:`~scrapy_banker.core.control.ControlError` before
+refused with :class:`~scrapy_banker.core.directives.ControlError` before
 anything changes -- and carries it out through the fleet's keyspace
-(:class:`~scrapy_banker.redis.control.ControlChannel`): a directive for the
+(:class:`~scrapy_banker.redis.frontier.control_channel.ControlChannel`): a directive for the
 workers to read, plus for ``purge`` the host's queued requests moved to the
 dead letters (reason ``purged``, requeueable with ``scrapy banker
 deadletters --requeue``) and for ``inject`` the URLs queued like any other
@@ -31,7 +31,7 @@ from scrapy import Request
 from scrapy.utils.misc import load_object
 from w3lib.url import safe_url_string
 
-from scrapy_banker.core.control import (
+from scrapy_banker.core.directives import (
     CRAWL,
     FLEET,
     JOBDIR,
@@ -46,7 +46,7 @@ from scrapy_banker.core.hashing import host_of
 from scrapy_banker.core.meta import META_TOPIC
 from scrapy_banker.core.ops import EnqueueOp
 from scrapy_banker.ops.jobdir_view import jobdir_hosts_and_topics
-from scrapy_banker.redis.control import ControlChannel
+from scrapy_banker.redis.frontier.control_channel import ControlChannel
 from scrapy_banker.scheduler.classifier import Classifier
 from scrapy_banker.scheduler.control_file import ControlFile
 from scrapy_banker.scheduler.downloader import DownloaderView
@@ -97,7 +97,7 @@ def host_target(text: str) -> tuple[str, str | None]:
     ``127.0.0.1`` and ``a.test``, and the note says so.  ``topic:NAME``,
     ``crawl``, a plain host name and a bare IPv6 address are returned as
     given; what is not a host at all is left for
-    :func:`~scrapy_banker.core.control.parse_action` to refuse.
+    :func:`~scrapy_banker.core.directives.parse_action` to refuse.
     """
     given = text.strip()
     if given == CRAWL or given.startswith("topic:"):
@@ -234,7 +234,7 @@ class JobdirController(_Words):
     ) -> Action:
         """The checked action; :class:`ControlError` names what is wrong (nothing changed).
 
-        A verb a single process cannot carry out (:data:`~scrapy_banker.core.control.VERBS`
+        A verb a single process cannot carry out (:data:`~scrapy_banker.core.directives.VERBS`
         says where each can) is refused before the JOBDIR is read.
         """
         get_verb(verb, JOBDIR)

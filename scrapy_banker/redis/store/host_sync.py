@@ -11,7 +11,7 @@ partition, and that owner changes; :class:`HostSync` makes the state follow:
   worker thread with the host's partition and the epoch its requests were
   leased under (:meth:`FrontierWorker.host_state
   <scrapy_banker.redis.worker.FrontierWorker.host_state>`), and written with
-  the next batch (:mod:`scrapy_banker.redis.frontier_hosts`).  The store
+  the next batch (:mod:`scrapy_banker.redis.frontier.hosts`).  The store
   publishes right before it queues acks and nacks, so a state the answer to
   a request left is in Redis before the lease that lets a new owner pop the
   partition is released.  A state with nothing left to enforce -- no
@@ -22,7 +22,7 @@ partition, and that owner changes; :class:`HostSync` makes the state follow:
   (:attr:`FrontierWorker.adopted <scrapy_banker.redis.worker.FrontierWorker.adopted>`);
   :meth:`HostSync.adopt` merges them into the scheduler's politeness (the
   stricter of what Redis kept and what this node knows, field by field) before
-  :meth:`Inbound.drain <scrapy_banker.redis.store_inbound.Inbound.drain>`
+  :meth:`Inbound.drain <scrapy_banker.redis.store.inbound.Inbound.drain>`
   queues those leases.  So a Retry-After, a backoff, a Crawl-delay's last
   request and an AutoThrottle delay survive a rebalance, a steal and a
   ``kill -9`` of the owner (less what it had not flushed: milliseconds).

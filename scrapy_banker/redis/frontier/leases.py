@@ -6,7 +6,7 @@ partition's *lease* set, scored by the Redis server's clock plus a TTL, and
 counts its deliveries; the worker acknowledges a request once its response
 (and the requests it yielded) are processed, and renews its leases with its
 heartbeat.  Leases nobody renewed go back to the queue through the reaper
-(:mod:`scrapy_banker.redis.frontier_reaper`).
+(:mod:`scrapy_banker.redis.frontier.reaper`).
 
 A partition is popped only by its owner at its epoch (:meth:`Leases.set_owner`):
 the pop script fences off any other node (``NOTOWNER``) and makes a new owner
@@ -26,7 +26,7 @@ from scrapy_banker.redis.scripts import Busy, Fenced, ScriptCall
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping, Sequence
 
-    from scrapy_banker.redis.frontier_link import FrontierLink
+    from scrapy_banker.redis.frontier.link import FrontierLink
     from scrapy_banker.redis.keys import PartitionKeys
 
 __all__ = ["Leased", "Leases", "NotOwner", "PopResult"]
@@ -119,7 +119,7 @@ class Leases:
         ``counts`` (partition -> how many) overrides ``count_per_partition``.
         For the partitions in ``read_hosts`` the hosts' politeness states
         are read right after the pop, in the same pipeline
-        (``lua/hosts_read.lua``; see :mod:`scrapy_banker.redis.frontier_hosts`).
+        (``lua/hosts_read.lua``; see :mod:`scrapy_banker.redis.frontier.hosts`).
         """
         result = PopResult([], [], [], [])
         answers = iter(self._pop(owned, node, count_per_partition, counts, read_hosts))

@@ -1,7 +1,7 @@
 """What the jobs of a fleet worker share, each piece with one writer.
 
 :class:`~scrapy_banker.redis.worker.FrontierWorker` runs its jobs
-(:mod:`scrapy_banker.redis.worker_jobs`) on one thread and is called by the
+(:mod:`scrapy_banker.redis.worker.jobs`) on one thread and is called by the
 scheduler from the reactor thread.  The state they share is split by who
 writes it, so the threads meet in as few places as possible:
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from scrapy_banker.core.spill import SpillOps
-from scrapy_banker.redis.worker_control import ControlBox
+from scrapy_banker.redis.worker.control_box import ControlBox
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.net.partitions import PartitionTable
     from scrapy_banker.redis.frontier import RedisFrontier
-    from scrapy_banker.redis.frontier_leases import Leased
-    from scrapy_banker.redis.registry import NodeRegistry
+    from scrapy_banker.redis.frontier.leases import Leased
+    from scrapy_banker.redis.frontier.registry import NodeRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -396,5 +396,6 @@ class WorkerState:
         #: leases in :attr:`inbound`: the scheduler adopts them before it
         #: dispatches those.
         self.adopted: deque[tuple[int, int, dict[str, str]]] = deque()
-        #: Budget charges and the operator's directives (:mod:`scrapy_banker.redis.worker_control`).
+        #: Budget charges and the operator's directives
+        #: (:mod:`scrapy_banker.redis.worker.control_box`).
         self.control = ControlBox()

@@ -27,7 +27,7 @@ from scrapy_banker.redis.scripts import Refusal, ScriptCall
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from scrapy_banker.redis.frontier_link import FrontierLink
+    from scrapy_banker.redis.frontier.link import FrontierLink
     from scrapy_banker.redis.keys import Keyspace, PartitionKeys
 
 __all__ = ["CENSUS_CHUNK", "Census", "WorkCensus", "finished_bump"]

@@ -22,15 +22,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scrapy_banker.core.control import BudgetRules, ControlError, ControlState
+from scrapy_banker.core.directives import BudgetRules, ControlError, ControlState
 from scrapy_banker.redis.scripts import ScriptCall
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from scrapy_banker.core.ops import LeaseToken
-    from scrapy_banker.redis.control import ControlChannel
-    from scrapy_banker.redis.worker_state import FleetLink, WorkerState
+    from scrapy_banker.redis.frontier.control_channel import ControlChannel
+    from scrapy_banker.redis.worker.state import FleetLink, WorkerState
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from scrapy_banker.redis.scripts import ScriptCall
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from scrapy_banker.redis.frontier_link import FrontierLink
+    from scrapy_banker.redis.frontier.link import FrontierLink
 
 __all__ = ["HostStates", "HostWrite"]
 

@@ -18,22 +18,22 @@ politeness and admission work exactly as in one process.
 :class:`~scrapy_banker.scheduler.store.RequestStore` protocol), composed of
 parts by concern:
 
-* :class:`~scrapy_banker.redis.store_outbound.Outbound` -- new requests
+* :class:`~scrapy_banker.redis.store.outbound.Outbound` -- new requests
   encoded and queued for Redis;
-* :class:`~scrapy_banker.redis.store_inbound.Inbound` -- leased requests
+* :class:`~scrapy_banker.redis.store.inbound.Inbound` -- leased requests
   into the local queue, and those this node may not fetch given back;
-* :class:`~scrapy_banker.redis.store_acks.AckBook` -- dispatched requests,
+* :class:`~scrapy_banker.redis.store.acks.AckBook` -- dispatched requests,
   acked once the engine is done with them;
-* :class:`~scrapy_banker.redis.store_telemetry.NodeTelemetry` -- the node's
+* :class:`~scrapy_banker.redis.store.node_telemetry.NodeTelemetry` -- the node's
   telemetry sample and the worker thread's counters;
-* :class:`~scrapy_banker.redis.store_spill.SpillKeeper` -- Redis awaited and
+* :class:`~scrapy_banker.redis.store.spill_keeper.SpillKeeper` -- Redis awaited and
   an earlier worker's spill replayed at start, what Redis never got spilled
   at stop;
-* :class:`~scrapy_banker.redis.store_placement.PlacementHook` -- network-aware
+* :class:`~scrapy_banker.redis.store.placement_hook.PlacementHook` -- network-aware
   placement, when ``BANKER_PLACEMENT`` is on;
-* :class:`~scrapy_banker.redis.store_politeness.HostSync` -- the hosts'
+* :class:`~scrapy_banker.redis.store.host_sync.HostSync` -- the hosts'
   politeness states, published with their partition and adopted with it;
-* :class:`~scrapy_banker.redis.fence.LeaseFence` -- the lease checked again
+* :class:`~scrapy_banker.redis.store.lease_fence.LeaseFence` -- the lease checked again
   at the last moment before a request is sent.
 
 The store itself builds them, runs the lifecycle and a 100 ms tick, and
@@ -58,20 +58,20 @@ from scrapy_banker.redis.connection import (
     redis_cluster_from_settings,
     redis_from_settings,
 )
-from scrapy_banker.redis.control import ControlChannel
-from scrapy_banker.redis.fence import LeaseFence
 from scrapy_banker.redis.frontier import RedisFrontier
-from scrapy_banker.redis.registry import NodeRegistry
-from scrapy_banker.redis.robots_cache import RobotsCache
-from scrapy_banker.redis.store_acks import AckBook
-from scrapy_banker.redis.store_inbound import Inbound, lease_of
-from scrapy_banker.redis.store_outbound import Outbound
-from scrapy_banker.redis.store_placement import placement_for
-from scrapy_banker.redis.store_politeness import HostSync
-from scrapy_banker.redis.store_spill import SpillKeeper
-from scrapy_banker.redis.store_telemetry import NodeTelemetry
+from scrapy_banker.redis.frontier.control_channel import ControlChannel
+from scrapy_banker.redis.frontier.registry import NodeRegistry
+from scrapy_banker.redis.store.acks import AckBook
+from scrapy_banker.redis.store.host_sync import HostSync
+from scrapy_banker.redis.store.inbound import Inbound, lease_of
+from scrapy_banker.redis.store.lease_fence import LeaseFence
+from scrapy_banker.redis.store.node_telemetry import NodeTelemetry
+from scrapy_banker.redis.store.outbound import Outbound
+from scrapy_banker.redis.store.placement_hook import placement_for
+from scrapy_banker.redis.store.robots_cache import RobotsCache
+from scrapy_banker.redis.store.spill_keeper import SpillKeeper
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
-from scrapy_banker.scheduler.control import CLOSE_BUDGET, CLOSE_CRAWL_BUDGET
+from scrapy_banker.scheduler.control_gate import CLOSE_BUDGET, CLOSE_CRAWL_BUDGET
 from scrapy_banker.scheduler.engine import close_spider, looping_call, wake_engine
 from scrapy_banker.scheduler.seams import StoreFeatures
 from scrapy_banker.settings import redis_config
@@ -87,11 +87,11 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
-    from scrapy_banker.core.control import BudgetRules, ControlState
+    from scrapy_banker.core.directives import BudgetRules, ControlState
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import HostState
     from scrapy_banker.core.spill import ClaimedSpill
-    from scrapy_banker.redis.store_spill import Stopped
+    from scrapy_banker.redis.store.spill_keeper import Stopped
     from scrapy_banker.scheduler.classifier import Classified
     from scrapy_banker.scheduler.seams import SchedulerParts
     from scrapy_banker.settings import BankerConfig, RedisConfig
@@ -177,7 +177,8 @@ class RedisLeaseStore:
         settings = crawler.settings
         self._concurrent = max(1, settings.getint("CONCURRENT_REQUESTS"))
         per_host = max(1, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))
-        #: The operator's directives and the budgets (:mod:`scrapy_banker.redis.control`).
+        #: The operator's directives and the budgets
+        #: (:mod:`scrapy_banker.redis.frontier.control_channel`).
         self.control = ControlChannel(self.frontier.link)
         self.budgets = budgets = parts.config.budgets()
         _check_budgets(parts.config, rconfig, budgets)
@@ -302,7 +303,7 @@ class RedisLeaseStore:
 
     def is_duplicate(self, request: Request) -> bool:
         """Known to be in the crawl's seen sets already (:meth:`Outbound.is_duplicate
-        <scrapy_banker.redis.store_outbound.Outbound.is_duplicate>`)."""
+        <scrapy_banker.redis.store.outbound.Outbound.is_duplicate>`)."""
         if self.fence.given_back and self.fence.swallow(request):
             return True  # given back at the last moment: dropped, its lease nacked
         return self.outbound.is_duplicate(request)
@@ -386,7 +387,7 @@ class RedisLeaseStore:
 
     def politeness_changed(self, changed: Mapping[str, HostState]) -> None:
         """Host states the scheduler saw change: written to their partitions
-        (:class:`~scrapy_banker.redis.store_politeness.HostSync`)."""
+        (:class:`~scrapy_banker.redis.store.host_sync.HostSync`)."""
         self.hosts.publish(changed)
 
     def dead_letter(self, request: Request, reason: str, entry: Entry[Request] | None) -> None:

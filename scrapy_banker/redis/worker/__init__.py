@@ -5,28 +5,28 @@ alone a retry loop while Redis restarts -- would freeze every download.  So
 the scheduler only appends to in-memory op lists and reads an inbound deque
 (:class:`FrontierWorker`'s reactor-thread methods); this thread does all the
 I/O, batched, as a small loop over named jobs
-(:mod:`scrapy_banker.redis.worker_jobs`), each with its own timer:
+(:mod:`scrapy_banker.redis.worker.jobs`), each with its own timer:
 
 1. a spill an earlier worker left (:mod:`scrapy_banker.core.spill`) is
-   replayed before anything else (:class:`~scrapy_banker.redis.worker_jobs.Replayer`);
+   replayed before anything else (:class:`~scrapy_banker.redis.worker.jobs.Replayer`);
 2. a heartbeat registers the node, renews every lease it holds and
    rebalances when the live set of nodes changed
-   (:class:`~scrapy_banker.redis.worker_jobs.Membership`);
+   (:class:`~scrapy_banker.redis.worker.jobs.Membership`);
 3. queued operations are sent in the order the crawl's guarantees need
-   (:class:`~scrapy_banker.redis.worker_jobs.Flusher`), then the latest
-   telemetry sample (:class:`~scrapy_banker.redis.worker_jobs.TelemetryWriter`);
+   (:class:`~scrapy_banker.redis.worker.jobs.Flusher`), then the latest
+   telemetry sample (:class:`~scrapy_banker.redis.worker.jobs.TelemetryWriter`);
 4. expired leases go back to the queue, single-flight across the fleet
-   (:class:`~scrapy_banker.redis.worker_jobs.Reaper`);
+   (:class:`~scrapy_banker.redis.worker.jobs.Reaper`);
 5. the partition table is followed many times a second
-   (:class:`~scrapy_banker.redis.worker_jobs.TableSync`);
+   (:class:`~scrapy_banker.redis.worker.jobs.TableSync`);
 6. the scheduler's buffer is filled from the partitions this node owns
-   (:class:`~scrapy_banker.redis.worker_jobs.Popper`);
+   (:class:`~scrapy_banker.redis.worker.jobs.Popper`);
 7. when the scheduler has room it cannot fill, the crawl's work is counted:
    over, or waiting for a saturated node to be taken over
-   (:class:`~scrapy_banker.redis.worker_jobs.DrainWatch`).
+   (:class:`~scrapy_banker.redis.worker.jobs.DrainWatch`).
 
 The jobs share their state through
-:class:`~scrapy_banker.redis.worker_state.WorkerState`, whose module says
+:class:`~scrapy_banker.redis.worker.state.WorkerState`, whose module says
 which thread writes what.  When Redis is unreachable the loop keeps
 everything queued in memory and retries with jittered exponential backoff
 (on top of redis-py's own ``Retry``); when it is idle it polls less and less
@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING
 
 from scrapy_banker.core.spill import merge
 from scrapy_banker.redis.connection import REDIS_ERRORS
-from scrapy_banker.redis.worker_control import ControlJob
-from scrapy_banker.redis.worker_jobs import (
+from scrapy_banker.redis.worker.control_box import ControlJob
+from scrapy_banker.redis.worker.jobs import (
     DrainWatch,
     Flusher,
     Membership,
@@ -59,20 +59,20 @@ from scrapy_banker.redis.worker_jobs import (
     TableSync,
     TelemetryWriter,
 )
-from scrapy_banker.redis.worker_state import FleetLink, WorkerState
+from scrapy_banker.redis.worker.state import FleetLink, WorkerState
 
 if TYPE_CHECKING:
     from collections import deque
     from collections.abc import Callable
 
-    from scrapy_banker.core.control import BudgetRules, ControlState
+    from scrapy_banker.core.directives import BudgetRules, ControlState
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.core.spill import SpillOps
-    from scrapy_banker.redis.control import ControlChannel
     from scrapy_banker.redis.frontier import RedisFrontier
-    from scrapy_banker.redis.placement import PlacementAgent
-    from scrapy_banker.redis.registry import NodeRegistry
-    from scrapy_banker.redis.worker_control import Charge
+    from scrapy_banker.redis.frontier.control_channel import ControlChannel
+    from scrapy_banker.redis.frontier.registry import NodeRegistry
+    from scrapy_banker.redis.worker.control_box import Charge
+    from scrapy_banker.redis.worker.placement_agent import PlacementAgent
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class WorkerOptions:
     pop_per_partition: int = 4
     #: Requests of one partition buffered or downloading beyond which it is
     #: not popped (:attr:`Popper.held_cap
-    #: <scrapy_banker.redis.worker_jobs.Popper.held_cap>`); None: ``pop_per_partition``.
+    #: <scrapy_banker.redis.worker.jobs.Popper.held_cap>`); None: ``pop_per_partition``.
     held_cap: int | None = None
     #: Longest idle sleep (s) once the crawl has been drained for a while.
     idle_backoff_max_s: float = 2.0
@@ -192,7 +192,7 @@ class FrontierWorker:
     @property
     def seen(self) -> set[str]:
         """Fingerprints Redis confirmed are seen (:attr:`Flusher.seen
-        <scrapy_banker.redis.worker_jobs.Flusher.seen>`)."""
+        <scrapy_banker.redis.worker.jobs.Flusher.seen>`)."""
         return self.flusher.seen
 
     @property
@@ -289,14 +289,14 @@ class FrontierWorker:
 
     def charge(self, charge: Charge) -> None:
         """Charge a leased request to its budgets before it is let go (answer in
-        :attr:`ControlBox.results <scrapy_banker.redis.worker_control.ControlBox.results>`)."""
+        :attr:`ControlBox.results <scrapy_banker.redis.worker.control_box.ControlBox.results>`)."""
         self.state.control.charge(charge)
         self._kick()
 
     def host_state(self, host: str, partition: int, epoch: int, state: str) -> None:
         """Write ``host``'s politeness state (JSON, ``""`` once back to the default) to
         its partition with the next batch, ahead of that batch's acks (see
-        :mod:`scrapy_banker.redis.frontier_hosts`); ``epoch``: the partition's epoch
+        :mod:`scrapy_banker.redis.frontier.hosts`); ``epoch``: the partition's epoch
         this node leased the host's requests under (0: the one it owns now)."""
         self.state.outbox.host_state(host, partition, epoch, state)
         self._kick()
@@ -336,7 +336,7 @@ class FrontierWorker:
     def publish_telemetry(self, key: str, value: str, px_ms: int) -> None:
         """SET ``key`` to ``value`` (expiring) on the next step; replaces an unsent one.
 
-        See :class:`~scrapy_banker.redis.worker_jobs.TelemetryWriter`.
+        See :class:`~scrapy_banker.redis.worker.jobs.TelemetryWriter`.
         """
         self.state.outbox.telemetry = (key, value, px_ms)
         self._kick()
@@ -356,7 +356,7 @@ class FrontierWorker:
         another node, which fetches it: fetching it here too would break the
         host's politeness and duplicate the page.  Its partitions may still
         look owned here, since the table is reloaded only on the next step;
-        see :meth:`LeaseBook.holds <scrapy_banker.redis.worker_state.LeaseBook.holds>`.
+        see :meth:`LeaseBook.holds <scrapy_banker.redis.worker.state.LeaseBook.holds>`.
         """
         ttl_s = self.link.frontier.lease_ttl_ms / 1000
         leases = self.state.leases

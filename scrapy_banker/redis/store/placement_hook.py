@@ -2,7 +2,7 @@
 
 With placement on, partitions go to the workers closest to their sites
 (:mod:`scrapy_banker.net.placement`) instead of by hash alone.  The store
-tells the :class:`~scrapy_banker.redis.placement.PlacementAgent` which site
+tells the :class:`~scrapy_banker.redis.worker.placement_agent.PlacementAgent` which site
 each partition holds as requests are queued (:meth:`PlacementHook.note`), and
 a :class:`~scrapy_banker.scheduler.netaware.Prober` measures the links to the
 sites the agent knows (:meth:`PlacementHook.tick`).  With ``hash`` placement
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
     from scrapy_banker.redis.frontier import RedisFrontier
-    from scrapy_banker.redis.placement import PlacementAgent
+    from scrapy_banker.redis.worker.placement_agent import PlacementAgent
 
 __all__ = ["PlacementHook", "placement_for"]
 
@@ -62,7 +62,7 @@ def placement_for(
     # Imported here: the planners pull in scipy, which costs a worker start-up
     # ~0.5 s (more with a fleet starting on few cores) that hash placement
     # never needs.
-    from scrapy_banker.redis.placement import PlacementAgent
+    from scrapy_banker.redis.worker.placement_agent import PlacementAgent
 
     links = link_stats(crawler)
     agent = PlacementAgent(

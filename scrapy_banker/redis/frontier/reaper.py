@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.redis.frontier_census import finished_bump
+from scrapy_banker.redis.frontier.census import finished_bump
 from scrapy_banker.redis.keys import decode
 from scrapy_banker.redis.scripts import ScriptCall
 
 if TYPE_CHECKING:
-    from scrapy_banker.redis.frontier_link import FrontierLink
+    from scrapy_banker.redis.frontier.link import FrontierLink
 
 logger = logging.getLogger(__name__)
 

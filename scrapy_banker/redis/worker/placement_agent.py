@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import redis
     from redis.cluster import RedisCluster
 
-    from scrapy_banker.redis.registry import NodeRegistry
+    from scrapy_banker.redis.frontier.registry import NodeRegistry
     from scrapy_banker.settings import PlacementConfig
 
 logger = logging.getLogger(__name__)

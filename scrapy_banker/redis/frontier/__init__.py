@@ -3,22 +3,22 @@
 :class:`RedisFrontier` is one crawl's frontier on a redis-py client, composed
 of parts by concern, each in its own module:
 
-* :class:`~scrapy_banker.redis.frontier_enqueue.Enqueuer` -- a request is
+* :class:`~scrapy_banker.redis.frontier.enqueue.Enqueuer` -- a request is
   queued unless the crawl's seen set (a set or a Bloom filter) holds it, in
   one script, so a URL is never marked seen without being queued;
-* :class:`~scrapy_banker.redis.frontier_leases.Leases` -- pops lease
+* :class:`~scrapy_banker.redis.frontier.leases.Leases` -- pops lease
   requests until they are acked, nacked or expire; a partition is popped
   only by its owner at its epoch;
-* :class:`~scrapy_banker.redis.frontier_reaper.LeaseReaper` -- expired
+* :class:`~scrapy_banker.redis.frontier.reaper.LeaseReaper` -- expired
   leases back to the queue, or to the dead letters after too many deliveries;
-* :class:`~scrapy_banker.redis.frontier_census.WorkCensus` -- the work left,
+* :class:`~scrapy_banker.redis.frontier.census.WorkCensus` -- the work left,
   per partition or crawl-wide, and whether the crawl is over;
-* :class:`~scrapy_banker.redis.frontier_deadletters.DeadLetters` -- what the
+* :class:`~scrapy_banker.redis.frontier.dead_letters.DeadLetters` -- what the
   crawl gave up on, with the reason;
-* :class:`~scrapy_banker.redis.frontier_hosts.HostStates` -- each host's
+* :class:`~scrapy_banker.redis.frontier.hosts.HostStates` -- each host's
   politeness state, kept with its partition so that it moves with the host.
 
-They share one :class:`~scrapy_banker.redis.frontier_link.FrontierLink`: the
+They share one :class:`~scrapy_banker.redis.frontier.link.FrontierLink`: the
 key names of one :class:`~scrapy_banker.redis.keys.Keyspace` and one
 :class:`~scrapy_banker.redis.scripts.ScriptRunner`, which runs every Lua
 script in pipelined batches (a single call is a batch of one).  The facade
@@ -50,13 +50,13 @@ import redis
 
 from scrapy_banker.core.bloom import SHARD_BITS
 from scrapy_banker.core.ops import EnqueueOp
-from scrapy_banker.redis.frontier_census import CENSUS_CHUNK, WorkCensus, finished_bump
-from scrapy_banker.redis.frontier_deadletters import DeadLetters
-from scrapy_banker.redis.frontier_enqueue import Enqueuer
-from scrapy_banker.redis.frontier_hosts import HostStates
-from scrapy_banker.redis.frontier_leases import Leases
-from scrapy_banker.redis.frontier_link import FrontierLink
-from scrapy_banker.redis.frontier_reaper import REAP_CHUNK, REAP_LIMIT, LeaseReaper
+from scrapy_banker.redis.frontier.census import CENSUS_CHUNK, WorkCensus, finished_bump
+from scrapy_banker.redis.frontier.dead_letters import DeadLetters
+from scrapy_banker.redis.frontier.enqueue import Enqueuer
+from scrapy_banker.redis.frontier.hosts import HostStates
+from scrapy_banker.redis.frontier.leases import Leases
+from scrapy_banker.redis.frontier.link import FrontierLink
+from scrapy_banker.redis.frontier.reaper import REAP_CHUNK, REAP_LIMIT, LeaseReaper
 from scrapy_banker.redis.keys import Keyspace, PartitionKeys, decode
 from scrapy_banker.redis.scripts import Refusal, ScriptCall
 
@@ -66,9 +66,9 @@ if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
     from scrapy_banker.core.ops import LeaseToken
-    from scrapy_banker.redis.frontier_census import Census
-    from scrapy_banker.redis.frontier_hosts import HostWrite
-    from scrapy_banker.redis.frontier_leases import Leased, PopResult
+    from scrapy_banker.redis.frontier.census import Census
+    from scrapy_banker.redis.frontier.hosts import HostWrite
+    from scrapy_banker.redis.frontier.leases import Leased, PopResult
 
 __all__ = ["Flushed", "RedisFrontier"]
 
@@ -148,7 +148,7 @@ class RedisFrontier:
         """A worker's queued operations, in the order the crawl's guarantees need.
 
         Enqueues first (a callback's children) with the host states ``node``
-        writes (:class:`~scrapy_banker.redis.frontier_hosts.HostStates`: a
+        writes (:class:`~scrapy_banker.redis.frontier.hosts.HostStates`: a
         new owner waits for the acks below before it reads them), then -- when anything
         finishes -- the :attr:`~scrapy_banker.redis.keys.Keyspace.finished`
         bump, dead letters, acks (``partition -> refs``) and nacks.  So a
@@ -261,7 +261,7 @@ class RedisFrontier:
     ) -> PopResult:
         """:meth:`pop` on many partitions in one round trip; ``owned``: partition -> epoch.
 
-        See :meth:`Leases.pop_many <scrapy_banker.redis.frontier_leases.Leases.pop_many>`
+        See :meth:`Leases.pop_many <scrapy_banker.redis.frontier.leases.Leases.pop_many>`
         (``read_hosts``: partitions whose hosts' states to read after the pop).
         """
         return self.leases.pop_many(
@@ -285,7 +285,7 @@ class RedisFrontier:
 
     def start_many(self, refs: Mapping[int, Sequence[str]]) -> int:
         """Mark deliveries whose fetch began (:meth:`Leases.start_many
-        <scrapy_banker.redis.frontier_leases.Leases.start_many>`)."""
+        <scrapy_banker.redis.frontier.leases.Leases.start_many>`)."""
         return self.leases.start_many(refs)
 
     def renew(self, partition: int, ids: Sequence[str]) -> int:
@@ -304,13 +304,13 @@ class RedisFrontier:
         """Reap every partition, single-flight across the fleet; None if another node is.
 
         See :meth:`LeaseReaper.reap_all
-        <scrapy_banker.redis.frontier_reaper.LeaseReaper.reap_all>`.
+        <scrapy_banker.redis.frontier.reaper.LeaseReaper.reap_all>`.
         """
         return self.reaper.reap_all(node, lock_ttl_ms, chunk, hold_ms)
 
     def outstanding(self, *, any_: bool = False, chunk: int = 128) -> int:
         """Requests queued or leased in the whole crawl (:meth:`WorkCensus.outstanding
-        <scrapy_banker.redis.frontier_census.WorkCensus.outstanding>`)."""
+        <scrapy_banker.redis.frontier.census.WorkCensus.outstanding>`)."""
         return self.work.outstanding(any_=any_, chunk=chunk)
 
     def census(
@@ -322,13 +322,13 @@ class RedisFrontier:
     ) -> Census:
         """Count the work left in every partition, between two readings of the version.
 
-        See :meth:`WorkCensus.census <scrapy_banker.redis.frontier_census.WorkCensus.census>`.
+        See :meth:`WorkCensus.census <scrapy_banker.redis.frontier.census.WorkCensus.census>`.
         """
         return self.work.census(each=each, chunk=chunk, between=between)
 
     def held(self) -> int:
         """Requests held over a budget crawl-wide (:meth:`WorkCensus.held
-        <scrapy_banker.redis.frontier_census.WorkCensus.held>`)."""
+        <scrapy_banker.redis.frontier.census.WorkCensus.held>`)."""
         return self.work.held()
 
     def finished_version(self) -> int:
@@ -341,7 +341,7 @@ class RedisFrontier:
 
     def backlog(self, partitions: Iterable[int], *, chunk: int = 128) -> dict[int, int]:
         """Requests queued or leased per partition (:meth:`WorkCensus.backlog
-        <scrapy_banker.redis.frontier_census.WorkCensus.backlog>`)."""
+        <scrapy_banker.redis.frontier.census.WorkCensus.backlog>`)."""
         return self.work.backlog(partitions, chunk=chunk)
 
     def queued(self, partition: int) -> int:
@@ -362,7 +362,7 @@ class RedisFrontier:
         """Queue one dead letter again; its new id, or None if it is gone or has no payload.
 
         See :meth:`DeadLetters.requeue_dead
-        <scrapy_banker.redis.frontier_deadletters.DeadLetters.requeue_dead>`; follow it with
+        <scrapy_banker.redis.frontier.dead_letters.DeadLetters.requeue_dead>`; follow it with
         :meth:`bump_finished`.
         """
         return self.deadletters.requeue_dead(partition, letter, priority)

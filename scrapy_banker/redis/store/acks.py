@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from scrapy_banker.core.meta import META_SLOT
-from scrapy_banker.redis.store_inbound import lease_of
+from scrapy_banker.redis.store.inbound import lease_of
 from scrapy_banker.scheduler.engine import requests_in_progress
 from scrapy_banker.scheduler.feeds import FeedBarrier
 

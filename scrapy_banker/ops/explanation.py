@@ -32,7 +32,7 @@ from scrapy_banker.ops.fleet_view import (
     server_time_ms,
 )
 from scrapy_banker.ops.payloads import PayloadInfo, describe_payload
-from scrapy_banker.redis.frontier_enqueue import in_bloom
+from scrapy_banker.redis.frontier.enqueue import in_bloom
 from scrapy_banker.redis.keys import DELIVERIES, LEASE_EPOCH, decode
 from scrapy_banker.scheduler.serialize import RequestCodec
 

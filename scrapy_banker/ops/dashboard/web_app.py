@@ -2,9 +2,9 @@
 
 The actions are requeueing dead letters (``POST /api/deadletters/requeue``)
 and the run-time control of the crawl (``POST /api/control``: the verbs of
-:data:`~scrapy_banker.core.control.VERBS`), the same checked actions as ``scrapy
-banker pause ...`` (:class:`~scrapy_banker.ops.control.Controller` for a
-fleet, :class:`~scrapy_banker.ops.control.JobdirController` for a single
+:data:`~scrapy_banker.core.directives.VERBS`), the same checked actions as ``scrapy
+banker pause ...`` (:class:`~scrapy_banker.ops.controller.Controller` for a
+fleet, :class:`~scrapy_banker.ops.controller.JobdirController` for a single
 process's JOBDIR).  The server does not know which: the command hands it a
 ``read`` function and the blocking calls behind each action.
 
@@ -47,7 +47,7 @@ from twisted.internet import defer, threads
 from twisted.internet.task import LoopingCall
 from twisted.web import resource, server
 
-from scrapy_banker.core.control import ControlError
+from scrapy_banker.core.directives import ControlError
 from scrapy_banker.ops.dashboard.history import RateHistory
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def topic_pages(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
 class ActionRefused(Exception):
     """An action the crawl's state forbids now (409): a JOBDIR a running crawl holds.
 
-    Unlike :class:`~scrapy_banker.core.control.ControlError` (the request is
+    Unlike :class:`~scrapy_banker.core.directives.ControlError` (the request is
     wrong, 400) the same request may succeed later; nothing changed.
     """
 
@@ -254,7 +254,7 @@ class ControlRequest:
 
     Only the shape is checked here (what JSON type each field has); what the
     words mean -- a known host, a budget >= 0, a topic of the crawl -- is the
-    :class:`~scrapy_banker.ops.control.Controller`'s to judge, as on the
+    :class:`~scrapy_banker.ops.controller.Controller`'s to judge, as on the
     command line, so the two never accept different things.
     """
 

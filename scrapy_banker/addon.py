@@ -93,7 +93,9 @@ def _check_jobdir(settings: Settings) -> None:
     if not root or not os.path.isdir(os.path.join(str(root), "banker")):
         return  # no JOBDIR, or a fresh one: nothing to refuse
     scheduler = load_object(settings["SCHEDULER"])
-    if not (isinstance(scheduler, type) and issubclass(scheduler, BankerScheduler)):
+    # The MRO, not issubclass: Scrapy's BaseScheduler metaclass calls any class
+    # with the scheduler methods a subclass.
+    if not (isinstance(scheduler, type) and BankerScheduler in scheduler.__mro__):
         return
     if scheduler.store_class is not MemoryStore:
         return

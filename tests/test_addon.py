@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from scrapy import Spider
@@ -78,3 +79,32 @@ def test_addon_importable_from_package_root() -> None:
     assert scrapy_banker.Addon is Addon
     with pytest.raises(AttributeError):
         _ = scrapy_banker.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_a_jobdir_of_ours_under_scrapys_own_scheduler_is_left_to_scrapy(tmp_path: Path) -> None:
+    # Scrapy's BaseScheduler metaclass makes issubclass(Scheduler, BankerScheduler)
+    # true: the add-on's JOBDIR check must not take Scrapy's scheduler for ours.
+    (tmp_path / "banker").mkdir()
+    got = _applied(
+        {
+            "ADDONS": {"scrapy_banker.Addon": 500},
+            "SCHEDULER": "scrapy.core.scheduler.Scheduler",
+            "JOBDIR": str(tmp_path),
+        }
+    )
+    assert got["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
+
+
+def test_running_banker_is_none_under_scrapys_own_scheduler() -> None:
+    from types import SimpleNamespace
+
+    from scrapy.core.scheduler import Scheduler
+
+    from scrapy_banker.scheduler import BankerScheduler, running_banker
+
+    crawler = get_crawler(Spider, {"ADDONS": {"scrapy_banker.Addon": 500}})
+    crawler.engine = SimpleNamespace(scheduler=Scheduler.from_crawler(crawler))  # type: ignore[assignment]
+    assert running_banker(crawler) is None
+    ours = BankerScheduler.from_crawler(crawler)
+    crawler.engine = SimpleNamespace(scheduler=ours)  # type: ignore[assignment]
+    assert running_banker(crawler) is ours

@@ -24,7 +24,7 @@ import difflib
 import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from scrapy import Request
@@ -45,7 +45,7 @@ from scrapy_banker.core.directives import (
 from scrapy_banker.core.hashing import host_of
 from scrapy_banker.core.meta import META_TOPIC
 from scrapy_banker.core.ops import EnqueueOp
-from scrapy_banker.ops.jobdir_view import jobdir_hosts_and_topics
+from scrapy_banker.ops.jobdir_view import jobdir_budgets, jobdir_hosts_and_topics
 from scrapy_banker.redis.frontier.control_channel import ControlChannel
 from scrapy_banker.scheduler.classifier import Classifier
 from scrapy_banker.scheduler.control_file import ControlFile
@@ -220,9 +220,44 @@ class Outcome:
         return ""
 
 
+class ControlTarget(Protocol):
+    """Where an operator's actions go: a fleet's control document or a JOBDIR's file.
+
+    The command line and the dashboard speak to either through this, and
+    never ask which one it is.
+    """
+
+    config: BankerConfig
+    #: ``FLEET`` or ``JOBDIR`` (:mod:`scrapy_banker.core.directives`): the verbs it carries out.
+    where: str
+    #: When an action is in force, as the end of "in force ...".
+    within: str
+
+    def place(self) -> dict[str, str]:
+        """Which crawl, for a JSON answer: ``{"prefix": ...}`` or ``{"jobdir": ...}``."""
+
+    def parse(
+        self, verb: str, args: Sequence[str], *, topic: str | None = None, force: bool = False
+    ) -> Action: ...
+
+    def execute(self, action: Action, *, who: str, now: float) -> Outcome: ...
+
+    def load(self) -> ControlState:
+        """The directives in force (:class:`ControlError` if the document holds garbage)."""
+
+    def log(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The latest actions, newest last."""
+
+    def counts_json(self, state: ControlState) -> dict[str, Any]:
+        """Pages charged and requests held per host, pages per topic and crawl-wide."""
+
+
 class JobdirController(_Words):
     """Checks and carries out operator actions on a single process's JOBDIR
     (:mod:`scrapy_banker.scheduler.control_file`)."""
+
+    where = JOBDIR
+    within = "in the crawl on this JOBDIR within a second"
 
     def __init__(self, jobdir: str, config: BankerConfig) -> None:
         self.jobdir = jobdir
@@ -254,9 +289,25 @@ class JobdirController(_Words):
         notes = self._notes(action)
         return Outcome(action, self.file.act(action, who=who, now=now), notes=notes)
 
+    def place(self) -> dict[str, str]:
+        return {"jobdir": self.jobdir}
+
+    def load(self) -> ControlState:
+        return self.file.load()
+
+    def log(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self.file.log(limit)
+
+    def counts_json(self, state: ControlState) -> dict[str, Any]:
+        """Exact from the JOBDIR's files: the snapshot's counts plus the journal's pages."""
+        return jobdir_budgets(self.jobdir, self.config.budgets(), state).counts_json()
+
 
 class Controller(_Words):
     """Checks and carries out operator actions on the fleet of ``frontier``."""
+
+    where = FLEET
+    within = "fleet-wide within a heartbeat"
 
     def __init__(self, frontier: RedisFrontier, config: BankerConfig, fingerprinter: Any) -> None:
         self.frontier = frontier
@@ -311,6 +362,19 @@ class Controller(_Words):
             # yet holds them again, and puts them back itself when it has.
             self.channel.release(self.channel.held_partitions())
         return outcome
+
+    def place(self) -> dict[str, str]:
+        return {"prefix": self.channel.keyspace.prefix}
+
+    def load(self) -> ControlState:
+        return self.channel.load()
+
+    def log(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self.channel.log(limit)
+
+    def counts_json(self, state: ControlState) -> dict[str, Any]:
+        """Counted in Redis, with the leases."""
+        return self.channel.counts().to_json()
 
     def _partition(self, url: str) -> int:
         c = self.classifier.classify(Request(url))

@@ -227,6 +227,11 @@ class BankerScheduler(BaseScheduler):
 
 
 def running_banker(crawler: Crawler) -> BankerScheduler | None:
-    """The running crawl's banker scheduler; None before or after it, or under another one."""
+    """The running crawl's banker scheduler; None before or after it, or under another one.
+
+    Asked of the class's MRO, not with ``isinstance``: Scrapy's
+    ``BaseScheduler`` metaclass makes every scheduler an instance of every
+    scheduler class (it checks for the contract's methods).
+    """
     scheduler = running_scheduler(crawler)
-    return scheduler if isinstance(scheduler, BankerScheduler) else None
+    return scheduler if BankerScheduler in type(scheduler).__mro__ else None

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import maybe_deferred_to_future
 
-from scrapy_banker.scheduler import BankerScheduler
+from scrapy_banker.scheduler import running_banker
 from scrapy_banker.scheduler.engine import later, running_scheduler
 from scrapy_banker.scheduler.seams import WireCheck
 
@@ -92,11 +92,11 @@ class WireGateMiddleware:
         """Find the running scheduler's gate and store check, once; wrap the handlers."""
         if self._looked:
             return self._gate is not None or self._check is not None
-        scheduler = running_scheduler(self.crawler)
-        if scheduler is None:
+        if running_scheduler(self.crawler) is None:
             return False  # not running yet: look again next time
         self._looked = True
-        if not isinstance(scheduler, BankerScheduler):
+        scheduler = running_banker(self.crawler)
+        if scheduler is None:
             return False  # another scheduler: nothing of ours to check
         self._gate = scheduler.parts.politeness
         self._control = scheduler.parts.control

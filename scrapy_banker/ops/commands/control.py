@@ -35,7 +35,7 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from scrapy_banker.core.directives import VERBS, Action, ControlError, Verb
+from scrapy_banker.core.directives import FLEET, VERBS, Action, ControlError, Verb
 from scrapy_banker.ops.commands import CommandError
 from scrapy_banker.ops.commands._common import (
     add_target_arguments,
@@ -180,8 +180,6 @@ def _table_size(client: Any, key: str) -> int | None:
 
 
 def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int:
-    from scrapy_banker.ops.controller import Controller
-
     if verb == SHOW:
         return _show(opts, settings)
     controller = _controller(opts, settings, verb)
@@ -198,20 +196,13 @@ def run_verb(verb: str, opts: argparse.Namespace, settings: BaseSettings) -> int
             outcome = controller.execute(action, who=_who(), now=time.time())
         except (ControlError, OSError) as exc:
             raise CommandError(str(exc)) from None
-    fleet = isinstance(controller, Controller)
     if opts.json:
-        where = (
-            {"prefix": controller.channel.keyspace.prefix} if isinstance(controller, Controller)
-            else {"jobdir": controller.jobdir}
-        )  # fmt: skip
-        fields = {**where, **outcome.to_json(), "notes": outcome.notes}
-        emit_json(json_document("action" if fleet else "action-jobdir", fields))
+        fields = {**controller.place(), **outcome.to_json(), "notes": outcome.notes}
+        kind = "action" if controller.where == FLEET else "action-jobdir"
+        emit_json(json_document(kind, fields))
         return 0
-    where_text = (
-        "fleet-wide within a heartbeat" if fleet else "in the crawl on this JOBDIR within a second"
-    )
     line = (
-        f"{outcome.action.describe()}: in force {where_text} "
+        f"{outcome.action.describe()}: in force {controller.within} "
         f"(control version {outcome.state.version}){outcome.effects()}"
     )
     out = console()

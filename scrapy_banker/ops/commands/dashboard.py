@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-    from scrapy_banker.ops.controller import Controller, JobdirController
+    from scrapy_banker.ops.controller import Controller, ControlTarget
     from scrapy_banker.ops.dashboard.web_app import ControlRequest
     from scrapy_banker.ops.jobdir_view import JobdirView
     from scrapy_banker.settings import BankerConfig
@@ -131,7 +131,7 @@ def _reactor(settings: BaseSettings) -> Any:
     return reactor
 
 
-def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
+def read_control(controller: ControlTarget) -> dict[str, Any]:
     """The ``control`` section of ``/api/state``: directives, budgets, the latest actions.
 
     A control document that cannot be read (not JSON, an unknown field) is
@@ -143,16 +143,11 @@ def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
     single process's are read from its JOBDIR's files, as ``control --jobdir`` does.
     """
     from scrapy_banker.core.directives import ControlState
-    from scrapy_banker.ops.controller import JobdirController
-    from scrapy_banker.ops.jobdir_view import jobdir_budgets
 
     errors: list[str] = []
     state: ControlState | None
     try:
-        if isinstance(controller, JobdirController):
-            state = controller.file.load()
-        else:
-            state = controller.channel.load()
+        state = controller.load()
     except ValueError as exc:  # ControlError: the document holds garbage
         state = None
         errors.append(str(exc))
@@ -162,13 +157,7 @@ def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
     counts: dict[str, Any] | None = None
     shown: set[str] = set() if state is None else set(state.hosts)
     try:
-        if isinstance(controller, JobdirController):
-            # Exact from the JOBDIR's files: the snapshot's counts plus the journal's pages.
-            counts = jobdir_budgets(
-                controller.jobdir, controller.config.budgets(), state or ControlState()
-            ).counts_json()
-        else:
-            counts = controller.channel.counts().to_json()
+        counts = controller.counts_json(state or ControlState())
     except ValueError as exc:  # a count that is not an integer; a JOBDIR with nothing yet
         errors.append(f"budget counts unreadable: {exc}")
     if counts is not None:
@@ -196,10 +185,7 @@ def read_control(controller: Controller | JobdirController) -> dict[str, Any]:
             h: b for h in sorted(shown) if (b := rules.host(h, in_force)) is not None
         },
     }  # fmt: skip
-    if isinstance(controller, JobdirController):
-        log = controller.file.log(CONTROL_LOG_SHOWN)
-    else:
-        log = controller.channel.log(CONTROL_LOG_SHOWN)
+    log = controller.log(CONTROL_LOG_SHOWN)
     return {
         "state": None if state is None else state.to_json(),
         "error": "; ".join(errors) or None,
@@ -261,7 +247,7 @@ class _Source:
     info: dict[str, Any]
     read: Callable[[], dict[str, Any]]
     requeue: Callable[[int | None], int]
-    controller: Controller | JobdirController
+    controller: ControlTarget
     #: Where the controller carries actions out (``FLEET``, ``JOBDIR`` of
     #: :mod:`scrapy_banker.core.directives`): the page offers the verbs it can.
     where: str

@@ -28,25 +28,25 @@ SCHEDULER = "scrapy_banker.scheduler.BankerScheduler"
 SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
 DOWNLOADER_MIDDLEWARES = {
     "scrapy_banker.middlewares.BankerDownloaderMiddleware": 860,
-    "scrapy_banker.scheduler.netaware.NetworkMeasureMiddleware": 865,
+    "scrapy_banker.middlewares.NetworkMeasureMiddleware": 865,
     # After every other one (HttpCacheMiddleware is 900): the host's
     # politeness and a fleet worker's lease checked at the last moment.
-    "scrapy_banker.scheduler.wire.WireGateMiddleware": 990,
+    "scrapy_banker.middlewares.WireGateMiddleware": 990,
 }
 #: Scrapy's robots.txt middleware and ours (Crawl-delay applied, robots.txt
 #: fetched once per fleet), put in its place unless the project names either.
 ROBOTSTXT_MIDDLEWARES = (
     "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware",
-    "scrapy_banker.scheduler.robots.BankerRobotsTxtMiddleware",
+    "scrapy_banker.middlewares.BankerRobotsTxtMiddleware",
 )
 #: The operator's view (metrics, progress, time series) raises a bare
 #: NotConfigured while its setting is off: listed here, it costs nothing then.
 EXTENSIONS = {
     "scrapy_banker.extensions.BankerStatsFile": 500,
     "scrapy_banker.extensions.BankerTopicAdjuster": 500,
-    "scrapy_banker.ops.timeseries.BankerTimeseries": 500,
-    "scrapy_banker.ops.metrics.BankerMetrics": 500,
-    "scrapy_banker.ops.progress.BankerProgress": 500,
+    "scrapy_banker.extensions.BankerTimeseries": 500,
+    "scrapy_banker.extensions.BankerMetrics": 500,
+    "scrapy_banker.extensions.BankerProgress": 500,
 }
 
 

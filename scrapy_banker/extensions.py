@@ -1,4 +1,10 @@
-"""Extensions: export of the final stats, and the topic slice adjuster."""
+"""Extensions: export of the final stats, and the topic slice adjuster.
+
+The operator's view (Prometheus metrics, the terminal progress, the
+time-series record) lives in ``ops/`` with the read models it shares with
+the commands; its extensions are imported here, where a Scrapy user looks
+for them, and the add-on names them by these paths.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from scrapy_banker.ops.metrics import BankerMetrics
+from scrapy_banker.ops.progress import BankerProgress
+from scrapy_banker.ops.timeseries import BankerTimeseries
 from scrapy_banker.scheduler import running_banker
 from scrapy_banker.settings import core_config
 
@@ -18,6 +27,14 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from typing_extensions import Self
+
+__all__ = [
+    "BankerMetrics",
+    "BankerProgress",
+    "BankerStatsFile",
+    "BankerTimeseries",
+    "BankerTopicAdjuster",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,10 @@
-"""Spider and downloader middlewares: topic tagging, per-topic accounting, server pushback."""
+"""Spider and downloader middlewares: topic tagging, per-topic accounting, server pushback.
+
+Every Scrapy middleware of the package can be named from here, where a
+Scrapy user looks for it: the ones defined beside the scheduler parts they
+serve (the wire gate, the robots.txt middleware, the network measuring one)
+are imported into this module, and the add-on names them by these paths.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,11 @@ from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
 from scrapy_banker.core.meta import META_GRANT, META_SLOT
 from scrapy_banker.scheduler import running_banker
+from scrapy_banker.scheduler.netaware import NetworkMeasureMiddleware
 from scrapy_banker.scheduler.politeness_gate import HeldBack
+from scrapy_banker.scheduler.robots import BankerRobotsTxtMiddleware
 from scrapy_banker.scheduler.topic import request_topic
+from scrapy_banker.scheduler.wire import WireGateMiddleware
 from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:
@@ -20,6 +29,14 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from typing_extensions import Self
+
+__all__ = [
+    "BankerDownloaderMiddleware",
+    "BankerRobotsTxtMiddleware",
+    "BankerTopicMiddleware",
+    "NetworkMeasureMiddleware",
+    "WireGateMiddleware",
+]
 
 logger = logging.getLogger(__name__)
 

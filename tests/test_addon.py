@@ -34,12 +34,32 @@ def _applied(settings: dict[str, object]) -> dict[str, object]:
     }
 
 
+def _defined(components: dict[str, int]) -> dict[str, int]:
+    """The add-on's components by where their classes are defined (as ``_applied`` names them)."""
+    out = {}
+    for path, order in components.items():
+        cls = load_object(path)
+        out[f"{cls.__module__}.{cls.__qualname__}"] = order
+    return out
+
+
 def test_addon_enables_scheduler_and_middlewares() -> None:
     got = _applied({"ADDONS": {"scrapy_banker.Addon": 500}})
     assert got["SCHEDULER"] == SCHEDULER
-    assert SPIDER_MIDDLEWARES.items() <= got["SPIDER_MIDDLEWARES"].items()  # type: ignore[union-attr]
-    assert DOWNLOADER_MIDDLEWARES.items() <= got["DOWNLOADER_MIDDLEWARES"].items()  # type: ignore[union-attr]
-    assert EXTENSIONS.items() <= got["EXTENSIONS"].items()  # type: ignore[union-attr]
+    for name, components in (
+        ("SPIDER_MIDDLEWARES", SPIDER_MIDDLEWARES),
+        ("DOWNLOADER_MIDDLEWARES", DOWNLOADER_MIDDLEWARES),
+        ("EXTENSIONS", EXTENSIONS),
+    ):
+        assert _defined(components).items() <= got[name].items()  # type: ignore[union-attr]
+
+
+def test_the_addon_names_every_component_where_a_scrapy_user_looks_for_it() -> None:
+    # Middlewares in scrapy_banker.middlewares, extensions in scrapy_banker.extensions.
+    for path in [*SPIDER_MIDDLEWARES, *DOWNLOADER_MIDDLEWARES]:
+        assert path.startswith("scrapy_banker.middlewares."), path
+    for path in EXTENSIONS:
+        assert path.startswith("scrapy_banker.extensions."), path
 
 
 def test_project_settings_win_over_the_addon() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
@@ -97,8 +97,8 @@ def _check_jobdir(settings: Settings) -> None:
     # with the scheduler methods a subclass.
     if not (isinstance(scheduler, type) and BankerScheduler in scheduler.__mro__):
         return
-    if scheduler.store_class is not MemoryStore:
-        return
+    if cast("type[BankerScheduler]", scheduler).store_class is not MemoryStore:
+        return  # a fleet's scheduler: its JOBDIR holds no journal of ours
     lock = JobdirLock(str(root))
     lock.acquire()
     try:

@@ -26,6 +26,7 @@ reports (per-topic samples, per-task times, CPU marks, fetch logs).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -488,20 +489,41 @@ class CpuMarks(_Extension):
     """The process's CPU at ``spider_opened`` and ``spider_closed``, into the stats.
 
     ``bench/cpu_open``, ``bench/cpu_close`` and ``bench/responses_close``:
-    what the crawl cost from open to close, start-up and shutdown left out.
+    what the crawl cost from open to close, start-up and shutdown left out;
+    ``bench/gc_s`` and ``bench/gc_collections``: how much of it Python's
+    cyclic garbage collector took (its cost grows with the objects a
+    scheduler keeps alive, which a profile charges to whatever code runs
+    when a collection starts); ``bench/gc_objects_open``: the objects the
+    collector tracks when the spider opens (modules imported included).
     """
 
     def __init__(self, crawler: Crawler) -> None:
         assert crawler.stats is not None
         self.stats = crawler.stats
+        self.gc_s = 0.0
+        self.gc_collections = 0
+        self._gc_started = 0.0
         crawler.signals.connect(self.opened, signal=signals.spider_opened)
         crawler.signals.connect(self.closed, signal=signals.spider_closed)
 
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.process_time()
+        else:
+            self.gc_s += time.process_time() - self._gc_started
+            self.gc_collections += 1
+
     def opened(self, spider: Any) -> None:
+        self.stats.set_value("bench/gc_objects_open", len(gc.get_objects()))
         self.stats.set_value("bench/cpu_open", self_cpu_s())
+        gc.callbacks.append(self._gc)
 
     def closed(self, spider: Any, reason: str) -> None:
         self.stats.set_value("bench/cpu_close", self_cpu_s())
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
+        self.stats.set_value("bench/gc_s", round(self.gc_s, 4))
+        self.stats.set_value("bench/gc_collections", self.gc_collections)
         self.stats.set_value(
             "bench/responses_close", self.stats.get_value("response_received_count", 0)
         )

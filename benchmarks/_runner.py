@@ -9,7 +9,8 @@ caches, leftover state).  The spec (written by ``_harness.crawl_spec``):
 * ``settings``: the crawl's Scrapy settings, complete (nothing is added);
   extensions are named by import path (``_crawler.TopicSampler``);
 * ``profile`` (optional): run the crawl under cProfile and print the
-  profile to stderr.
+  profile to stderr; ``profile_out`` (optional): also save it there
+  (``pstats`` format, for ``snakeviz`` or a diff of two runs).
 
 The last stdout line is JSON: ``{"stats": ...}``, the crawl's final stats
 (values that are not numbers, strings or booleans as strings) plus
@@ -67,6 +68,8 @@ def main(argv: list[str]) -> int:
         profile.enable()
         process.start()
         profile.disable()
+        if spec.get("profile_out"):
+            profile.dump_stats(spec["profile_out"])
         out = pstats.Stats(profile, stream=sys.stderr)
         out.sort_stats("tottime").print_stats(30)
         out.sort_stats("cumulative").print_stats("scrapy_banker|scheduler|pqueues|dupefilter", 40)

@@ -44,6 +44,7 @@ Usage::
 
 Last stdout line: JSON with ``cpu_per_1k_<sched>_<H>`` (CPU seconds per 1,000
 requests, median of the repeats), ``cpu_ratio_<banker variant>_vs_dapq_<H>``,
+``gc_per_1k_<sched>_<H>`` (the part of it the garbage collector took),
 ``worst_cpu_ratio_banker_vs_dapq`` (max over H; the issue's target is <= 1.05),
 ``worst_cpu_ratio_banker_addon_vs_dapq`` and ``..._banker_topics_...``
 and ``truncated`` (the runs that hit the time cap).
@@ -95,7 +96,7 @@ def crawl_engine(
     links: int = 0,
     meta: dict[str, Any] | None = None,
     max_seconds: float,
-    profile: bool = False,
+    profile: bool | str = False,
 ) -> dict[str, Any]:
     """One crawl of the fan-out with a null download handler, in its own process.
 
@@ -118,7 +119,9 @@ def crawl_engine(
                        "topics": list(TOPICS), "meta": meta or {}},
         extensions=["_crawler.CpuMarks"],
     )  # fmt: skip
-    spec["profile"] = profile
+    spec["profile"] = bool(profile)
+    if isinstance(profile, str):
+        spec["profile_out"] = str(Path(profile).resolve())
     run = _harness.crawl(spec, workdir, label, timeout=max_seconds * 3 + 120, cwd=workdir,
                          env={"PYTHONHASHSEED": "0"})  # fmt: skip
     if profile:
@@ -136,7 +139,12 @@ def crawl_engine(
 
 
 def run_once(
-    name: str, hosts: int, requests: int, links: int, max_seconds: float, profile: bool = False
+    name: str,
+    hosts: int,
+    requests: int,
+    links: int,
+    max_seconds: float,
+    profile: bool | str = False,
 ) -> dict[str, Any]:
     settings, meta = scheduler_settings(name)
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,6 +169,7 @@ def run_once(
         "truncated": truncated,
         "finish_reason": marks["reason"],
         "max_inflight": marks["stats"].get("banker/queue/blocked_skips"),
+        "gc_per_1k": marks["stats"].get("bench/gc_s", 0.0) * 1000 / max(1, responses),
     }
 
 
@@ -175,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=90.0)
     parser.add_argument("--schedulers", nargs="*", default=list(SCHEDULERS))
     parser.add_argument("--profile", choices=SCHEDULERS)
+    parser.add_argument("--profile-out", help="with --profile: save the pstats here (H appended)")
     args = parser.parse_args(argv)
     hosts = tuple(args.hosts or _harness.pick(args, full=FULL_HOSTS, quick=QUICK_HOSTS,
                                               tiny=TINY_HOSTS))  # fmt: skip
@@ -182,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or _harness.pick(args, full=3, quick=1, tiny=1)
     if args.profile:
         for h in hosts:
-            r = run_once(args.profile, h, max(args.requests, h), args.links, args.max_seconds, True)
+            out = f"{args.profile_out}.{h}" if args.profile_out else True
+            r = run_once(args.profile, h, max(args.requests, h), args.links, args.max_seconds, out)
             print(json.dumps(r))
         return 0
     started = time.monotonic()
@@ -196,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name][h].append(r)
                 print(
                     f"rep {rep + 1} H={h:>6} N={n:>6} {name:<14} {r['cpu_per_1k']:7.3f} s/1k "
-                    f"({r['responses']} responses{', truncated' if r['truncated'] else ''})",
+                    f"(GC {r['gc_per_1k']:.3f}; {r['responses']} responses"
+                    f"{', truncated' if r['truncated'] else ''})",
                     flush=True,
                 )
     out: dict[str, Any] = {"links": args.links, "repeats": repeats, "hosts": list(hosts)}
@@ -206,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = results[name][h]
             median = statistics.median(r["cpu_per_1k"] for r in runs)
             out[f"cpu_per_1k_{name}_{h}"] = round(median, 4)
+            out[f"gc_per_1k_{name}_{h}"] = round(statistics.median(r["gc_per_1k"] for r in runs), 4)
             if any(r["truncated"] for r in runs):
                 truncated.append(f"{name}_{h}")
     for name in ("banker", "banker_addon", "banker_topics"):

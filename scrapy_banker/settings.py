@@ -244,11 +244,15 @@ def one_of(*allowed: str) -> Parser[str]:
 def placement_choice(attr: Literal["MODES", "CHOICES", "COSTS"]) -> Parser[str]:
     """Allowed values are read from :mod:`scrapy_banker.net.placement` when parsing.
 
-    Its registry of strategies is the one list of modes; importing it (and
-    numpy) only when a value is checked keeps this module light to import.
+    Its registry of strategies is the one list of modes; it (and numpy) is
+    imported only to check a value other than the default, so a crawl that
+    leaves placement alone never carries numpy's objects (every full garbage
+    collection of the crawl would scan them).
     """
 
     def parse(name: str, value: Any, ctx: Context) -> str:
+        if value == DEFAULTS[name]:
+            return str(value)
         from scrapy_banker.net import placement
 
         allowed: tuple[str, ...] = getattr(placement, attr)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scrapy_banker.core.directory import ExtendibleDirectory
-from scrapy_banker.core.frontier import Frontier
+from scrapy_banker.core.frontier import EXPLORE_FIRST, Frontier
 from scrapy_banker.core.topics import TopicScheduler, TopicSpec
 
 
@@ -60,3 +60,48 @@ def test_an_emptied_lane_is_gone_from_the_ring() -> None:
     assert f.pop_slots(["o.test", "missing.test"], lambda s: True, 0.0)[1].item == "only"  # type: ignore[union-attr]
     assert [f.pop(lambda s: True, 0.0).item, f.pop(lambda s: True, 0.0)] == ["other", None]  # type: ignore[union-attr]
     assert f.lanes == 0
+
+
+def test_a_young_slot_goes_before_any_backlog() -> None:
+    """What a host holds is known once its first pages are fetched; ranked by the
+    few URLs known for it, it would wait behind the known large sites until they
+    were done (and start last if it is the long pole)."""
+    f = _frontier()
+    for i in range(3 * EXPLORE_FIRST):
+        _push(f, f"big{i}", "big.test")
+    for i in range(EXPLORE_FIRST):  # big.test is explored now: ranked by its backlog
+        assert f.pop(lambda s: True, 0.0).item == f"big{i}"  # type: ignore[union-attr]
+    for i in range(EXPLORE_FIRST + 1):  # found later, few URLs known at a time
+        _push(f, f"new{i}", "new.test")
+    got = [f.pop(lambda s: True, 0.0) for _ in range(EXPLORE_FIRST + 1)]
+    # Its first EXPLORE_FIRST requests first; then the larger backlog (LPT) leads again.
+    want = [f"new{i}" for i in range(EXPLORE_FIRST)] + [f"big{EXPLORE_FIRST}"]
+    assert [e.item if e else None for e in got] == want
+
+
+def test_a_spaced_slot_goes_first_ranked_by_the_time_its_backlog_takes() -> None:
+    """A Crawl-delay or rate-limited host is free once per interval: served whenever it
+    is, it costs the others one slot at a time, and it is usually the long pole."""
+    intervals = {"slow.test": 0.5, "slower.test": 2.0}
+    topics = TopicScheduler([TopicSpec("a")])
+    f: Frontier[str] = Frontier(topics, ExtendibleDirectory(capacity=4),
+                                interval=lambda s: intervals.get(s, 0.0))  # fmt: skip
+    for i in range(40):
+        _push(f, f"big{i}", "big.test")
+    for _ in range(EXPLORE_FIRST):  # big.test is known now: ranked by its backlog
+        f.pop(lambda s: True, 0.0)
+    for i in range(EXPLORE_FIRST):
+        _push(f, f"young{i}", "young.test")
+    for i in range(3):
+        _push(f, f"slow{i}", "slow.test")  # 1.5 s of work
+        _push(f, f"slower{i}", "slower.test")  # 6 s of work
+    waiting: set[str] = set()  # a spaced slot, once served, waits for its interval
+    got = []
+    for _ in range(4):
+        entry = f.pop(lambda s: s not in waiting, 0.0)
+        assert entry is not None
+        got.append(entry.item)
+        if entry.slot in intervals:
+            waiting.add(entry.slot)
+    # Both spaced slots first, the longer first; then the young one before big.test.
+    assert got == ["slower0", "slow0", "young0", "young1"]

@@ -29,13 +29,8 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_banker.core.directives import Action, ControlState, HostControl
 from scrapy_banker.core.telemetry import Sample, SlotSample, TopicSample, sample_from_dict
-from scrapy_banker.ops.metrics import (
-    BankerMetrics,
-    ControlReading,
-    Snapshot,
-    families,
-    read_control,
-)
+from scrapy_banker.ops.metric_families import families
+from scrapy_banker.ops.metrics import BankerMetrics, ControlReading, Snapshot, read_control
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.frontier.control_channel import ControlChannel
 from scrapy_banker.redis.keys import Keyspace

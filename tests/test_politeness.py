@@ -9,6 +9,7 @@ import pytest
 
 from scrapy_banker.core.politeness import (
     RATE_DECAY,
+    RATE_WINDOW_S,
     HostState,
     Politeness,
     PolitenessConfig,
@@ -132,7 +133,7 @@ def test_merged_keeps_the_stricter_of_two_views_field_by_field() -> None:
 
 def test_a_429_teaches_the_hosts_rate_and_a_503_does_not() -> None:
     p = Politeness(PolitenessConfig(jitter=0))
-    p.refused("a.test", NOW, 3.0, rate=True)  # the first: nothing served to learn from
+    p.refused("a.test", NOW, 3.0, rate=True)  # nothing served before: nothing to learn from
     assert p.get("a.test").learned_interval == 0.0
     for i in range(6):  # 6 answers from NOW + 3 on, 0.1 s apart...
         p.succeeded("a.test", NOW + 3 + 0.1 * i)
@@ -153,3 +154,37 @@ def test_a_429_teaches_the_hosts_rate_and_a_503_does_not() -> None:
     assert p.refused("b.test", NOW + 4, 1.0).learned_interval == 0.0
     # It travels with the host's state.
     assert HostState.from_json(p.get("a.test").to_json()) == p.get("a.test")
+
+
+def test_the_first_429_already_teaches_the_rate_from_the_answers_before_it() -> None:
+    p = Politeness(PolitenessConfig(jitter=0))
+    for i in range(6):  # a host never refused: 6 answers 0.1 s apart...
+        p.succeeded("a.test", NOW + 0.1 * i)
+    assert "a.test" not in p.hosts  # remembered aside, not as a state to keep or send
+    # ...then refused until NOW + 0.6 + 2.4 = NOW + 3: 6 requests per 3 s.
+    state = p.refused("a.test", NOW + 0.6, 2.4, rate=True)
+    assert state.learned_interval == pytest.approx(0.5)
+    # Answers older than the window are not held against a later first refusal.
+    for i in range(3):
+        p.succeeded("b.test", NOW + i)
+    p.succeeded("b.test", NOW + RATE_WINDOW_S + 10)  # a new window: 1 answer
+    state = p.refused("b.test", NOW + RATE_WINDOW_S + 10.5, 1.5, rate=True)
+    assert state.learned_interval == pytest.approx(2.0)
+    # An early answer, then a wait of the crawl's own, then a burst: the burst tells.
+    p.succeeded("d.test", NOW)
+    for i in range(6):
+        p.succeeded("d.test", NOW + 20 + 0.1 * i)
+    state = p.refused("d.test", NOW + 20.6, 2.4, rate=True)
+    assert state.learned_interval == pytest.approx(0.5)
+    # A later 429 measures the rate anew from the answers, those before the first too.
+    for i in range(4):
+        p.succeeded("d.test", NOW + 23 + 0.1 * i)
+    state = p.refused("d.test", NOW + 23.4, 2.0, rate=True)
+    # The 10 answers from NOW + 20 to the end of the block at NOW + 25.4.
+    assert state.learned_interval == pytest.approx(5.4 / 10)
+    # A quiet host's answers are forgotten after a window (memory: active hosts only).
+    p.succeeded("e.test", NOW + 100 + RATE_WINDOW_S)
+    assert set(p._answers) == {"e.test"}
+    # A 503 teaches nothing, first refusal or not.
+    p.succeeded("c.test", NOW)
+    assert p.refused("c.test", NOW + 1, 1.0).learned_interval == 0.0

@@ -20,6 +20,22 @@ crawl finish close to that bound.  Small sites lose nothing overall: the
 largest sites' lanes leave the ring as soon as their slots are full, and the
 rest of the downloader's capacity goes to the others.
 
+Two kinds of slot rank above every backlog class:
+
+* a slot its host spaces (a Crawl-delay, a rate learned from its 429s, a
+  throttle's delay: ``interval(slot)`` > 0) ranks by the *time* its
+  backlog takes at that interval, in classes above all the others: it is
+  free only once per interval, so serving it whenever it is costs the
+  others one download slot at a time, and such a host is the long pole
+  far more often than its backlog says;
+* a slot served fewer than :data:`EXPLORE_FIRST` times ranks next: what
+  its host holds is not known until its first pages are fetched (a site's
+  links are found on its root and index pages), so every host gets its
+  first few requests before any host is drained.  Ranked by the few URLs
+  known for it, a young host would wait behind the known large sites
+  until they were done -- and start last if it turns out to be the long
+  pole.
+
 Which topic is served is decided by :class:`~scrapy_banker.core.topics.TopicScheduler`;
 which *bucket* (persisted queue) a queue key belongs to by
 :class:`~scrapy_banker.core.directory.ExtendibleDirectory`.  Items are opaque: this
@@ -30,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Generic, TypeVar
@@ -37,11 +54,24 @@ from typing import Generic, TypeVar
 from scrapy_banker.core.directory import ExtendibleDirectory
 from scrapy_banker.core.topics import TopicScheduler
 
-__all__ = ["Entry", "Frontier"]
+__all__ = ["EXPLORE_FIRST", "NOMINAL_REQUEST_S", "Entry", "Frontier"]
 
 T = TypeVar("T")
 
 _IDLE, _READY, _BLOCKED = 0, 1, 2
+
+#: Requests a slot is served before its backlog ranks it (see the module's doc).
+EXPLORE_FIRST = 8
+
+#: The rank of a slot served fewer times: above the backlog class of any count.
+_UNEXPLORED = 64
+
+#: Ranks of spaced slots start here: their backlog's time class is added.
+_SPACED = 65
+
+#: What one request of a slot without an interval is taken to cost, seconds:
+#: the unit a spaced slot's interval is counted in.
+NOMINAL_REQUEST_S = 0.1
 
 
 class Entry(Generic[T]):
@@ -126,14 +156,21 @@ class Frontier(Generic[T]):
         self,
         topics: TopicScheduler,
         directory: ExtendibleDirectory[str],
+        interval: Callable[[str], float] | None = None,
     ) -> None:
         self.topics = topics
         self.directory = directory
+        #: The least seconds between two requests of a slot (0: none), if known.
+        self.interval = interval
         self._lanes: dict[tuple[str, str], _Lane[T]] = {}
         self._rings: dict[str, _Ring[T]] = {}
         self._blocked: dict[str, list[_Lane[T]]] = {}
         #: Items queued per slot, all topics: the slot's backlog.
         self._pending: dict[str, int] = {}
+        #: Slots served fewer than EXPLORE_FIRST times -> how many (the young ones).
+        self._young: dict[str, int] = {}
+        #: Slots served at least EXPLORE_FIRST times (ranked by their backlogs).
+        self._explored: set[str] = set()
         self._seq = itertools.count()
         self._len = 0
         self.blocked_skips = 0  # lanes found full at pop time and parked
@@ -171,7 +208,7 @@ class Frontier(Generic[T]):
             lane = self._lanes[(topic, slot)] = _Lane(topic, slot)
         heapq.heappush(lane.heap, (-priority, entry.seq, entry))
         pending = self._pending[slot] = self._pending.get(slot, 0) + 1
-        rank = pending.bit_length()
+        rank = self._rank(slot, pending)
         if lane.state == _IDLE:
             lane.state = _READY
             ring = self._rings.get(topic)
@@ -241,13 +278,16 @@ class Frontier(Generic[T]):
     def _take(self, lane: _Lane[T], ring: _Ring[T], now: float) -> Entry[T]:
         """Pop ``lane``'s head (the lane is off the ring) and put the lane back if not empty."""
         _, _, entry = heapq.heappop(lane.heap)
-        left = self._pending[lane.slot] - 1
+        slot = lane.slot
+        if slot not in self._explored:
+            self._served_once_more(slot)
+        left = self._pending[slot] - 1
         if left:
-            self._pending[lane.slot] = left
+            self._pending[slot] = left
         else:
-            del self._pending[lane.slot]
+            del self._pending[slot]
         if lane.heap:
-            ring.add(lane, lane.head_priority(), left.bit_length())
+            ring.add(lane, lane.head_priority(), self._rank(slot, left))
         else:
             lane.state = _IDLE
             del self._lanes[(lane.topic, lane.slot)]
@@ -256,11 +296,27 @@ class Frontier(Generic[T]):
         self._len -= 1
         return entry
 
+    def _rank(self, slot: str, pending: int) -> int:
+        """A lane's place among equal priorities (see the module's doc)."""
+        if self.interval is not None:
+            spacing = self.interval(slot)
+            if spacing > 0:
+                return _SPACED + math.ceil(pending * spacing / NOMINAL_REQUEST_S).bit_length()
+        return pending.bit_length() if slot in self._explored else _UNEXPLORED
+
+    def _served_once_more(self, slot: str) -> None:
+        served = self._young.get(slot, 0) + 1
+        if served < EXPLORE_FIRST:
+            self._young[slot] = served
+        else:
+            self._young.pop(slot, None)
+            self._explored.add(slot)
+
     def slot_freed(self, slot: str) -> None:
         lanes = self._blocked.pop(slot, None)
         if not lanes:
             return
-        rank = self._pending.get(slot, 0).bit_length()
+        rank = self._rank(slot, self._pending.get(slot, 0))
         for lane in lanes:
             lane.state = _READY
             self._rings[lane.topic].add(lane, lane.head_priority(), rank)

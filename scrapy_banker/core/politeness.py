@@ -40,7 +40,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
+    "RATE_ANSWERS",
     "RATE_DECAY",
+    "RATE_WINDOW_S",
     "HostState",
     "Politeness",
     "PolitenessConfig",
@@ -149,6 +151,25 @@ _DEFAULT = HostState()
 #: :meth:`Politeness.succeeded`): ~14 answers halve it.
 RATE_DECAY = 0.95
 
+#: Each host's last answers are remembered, at most this many, none older
+#: than :data:`RATE_WINDOW_S`: what a 429 measures the host's rate with.
+RATE_ANSWERS = 16
+RATE_WINDOW_S = 60.0
+
+
+def _rate_interval(answers: tuple[float, ...], until: float) -> float:
+    """A host's least interval as a 429 shows it, from the times of its last ``answers``.
+
+    A host allowing ``r`` requests per ``w`` seconds refuses once ``r`` were
+    answered within ``w``, until the first of them leaves the window: the
+    ``r`` answers before a refusal blocked ``until`` span ``w``.  Not knowing
+    ``r``, each count ``k`` of latest answers gives ``(until - t_k) / k``;
+    the least of them is the fastest rate every window seen allowed.  Older
+    answers, spread by the crawl's own waits, only give slower rates.
+    """
+    n = len(answers)
+    return min((until - answers[n - k]) / k for k in range(1, n + 1))
+
 
 def parse_retry_after(value: str | bytes | None, now: float) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date), or None.
@@ -185,6 +206,12 @@ class Politeness:
         self._rng = rng or random.Random()
         #: Hosts whose state changed since :meth:`take_changed` (to persist or publish).
         self._changed: set[str] = set()
+        #: Host -> the times of its last answers (:data:`RATE_ANSWERS`, within
+        #: :data:`RATE_WINDOW_S`), so that a host's *first* 429 already tells
+        #: its rate.  Local to this process (not in the states that travel),
+        #: and swept of quiet hosts once per window.
+        self._answers: dict[str, tuple[float, ...]] = {}
+        self._sweep_at = 0.0
 
     def get(self, host: str) -> HostState:
         return self.hosts.get(host, _DEFAULT)
@@ -225,12 +252,14 @@ class Politeness:
         passes it; without it every refusal counts.
 
         ``rate=True`` (a ``429 Too Many Requests``): the host limits a rate,
-        and the refusal says which.  The answers it served since its previous
-        refusal, over the time from the first of them to the end of this
-        block, are its rate: ``learned_interval`` becomes that time divided
-        by their number (capped by ``backoff_max_s``), and the host's requests
-        are spaced by it from then on -- one 429 teaches the crawl not to be
-        refused again at that rate, rather than one 429 per window.  A
+        and the refusal says which.  Its last answers (:data:`RATE_ANSWERS`
+        within :data:`RATE_WINDOW_S`, see :func:`_rate_interval`) and the end
+        of this block are its rate: ``learned_interval`` becomes the least
+        interval they allow (capped by ``backoff_max_s``), and the host's
+        requests are spaced by it from then on -- its first 429 teaches the
+        crawl not to be refused again at that rate, rather than one 429 per
+        window.  A state adopted from another process, without those answers,
+        uses the count it carries (answers since its previous refusal).  A
         ``503`` teaches nothing (the host is down for a while, not rationed).
         """
         cfg = self.config
@@ -247,7 +276,10 @@ class Politeness:
                 wait *= 1 + self._rng.uniform(-cfg.jitter, cfg.jitter)
         until = max(state.blocked_until, now + wait)
         learned = state.learned_interval
-        if rate and state.served:
+        answers = self._answers.get(host)
+        if rate and answers:
+            learned = min(_rate_interval(answers, until), cfg.backoff_max_s)
+        elif rate and state.served:  # a state adopted from elsewhere: its own count
             learned = min((until - state.served_since) / state.served, cfg.backoff_max_s)
         return self._set(host, replace(
             state, blocked_until=until, refusals=refusals, learned_interval=learned,
@@ -262,11 +294,18 @@ class Politeness:
     def succeeded(self, host: str, now: float) -> None:
         """A response that was not a pushback: the refusal count decays (halves).
 
-        A host refused before also counts it toward its rate (see :meth:`refused`),
-        and its learned interval shrinks by :data:`RATE_DECAY`: one cycle's
-        estimate errs slow (a ``Retry-After`` is whole seconds), so the crawl
-        speeds up again until the next 429 measures the rate anew.
+        Its time is remembered toward the host's rate (see :meth:`refused`),
+        for every host, so that its first ``429`` already spaces its
+        requests; and a learned interval shrinks by :data:`RATE_DECAY`: one
+        cycle's estimate errs slow (a ``Retry-After`` is whole seconds), so
+        the crawl speeds up again until the next 429 measures the rate anew.
         """
+        answers = self._answers.get(host, ())
+        if answers and now - answers[0] > RATE_WINDOW_S:
+            answers = tuple(t for t in answers if now - t <= RATE_WINDOW_S)
+        self._answers[host] = (*answers[1 - RATE_ANSWERS :], now)
+        if now >= self._sweep_at:
+            self._sweep(now)
         state = self.hosts.get(host)
         if state is None or not (state.refusals or state.served or state.learned_interval):
             return
@@ -275,6 +314,11 @@ class Politeness:
             state, refusals=state.refusals // 2, served=state.served + 1,
             served_since=served_since, learned_interval=state.learned_interval * RATE_DECAY,
         ))  # fmt: skip
+
+    def _sweep(self, now: float) -> None:
+        """Forget the answers of hosts quiet for a whole window (memory: active hosts only)."""
+        self._sweep_at = now + RATE_WINDOW_S
+        self._answers = {h: a for h, a in self._answers.items() if now - a[-1] <= RATE_WINDOW_S}
 
     def gave_up(self, host: str) -> bool:
         """Has the host refused ``max_refusals`` times in a row?"""

@@ -9,6 +9,11 @@ a notebook, and can be tested without a reactor.
 
 Units: latencies are seconds (``*_ms`` keys of :meth:`LinkStats.snapshot` excepted),
 bandwidths are bytes per second.
+
+numpy is imported by the functions that compute, not with the module: the
+add-on's middlewares import this module in every crawl, network-aware or not,
+and a crawl that never measures a link should not carry numpy's objects,
+which every full collection of Python's cyclic garbage collector scans.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [  # noqa: RUF022 - source order, which is also the reading order of the docs
     "FENCE_MADS",
@@ -52,6 +59,8 @@ def _as_array(samples: Iterable[float], what: str = "samples") -> np.ndarray:
     Latencies and bandwidths are non-negative and finite; a NaN would silently poison
     the median and the binning instead of failing where it was produced.
     """
+    import numpy as np
+
     arr = np.asarray(list(samples), dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{what} must be a non-empty sequence of numbers")
@@ -69,11 +78,15 @@ def _centre_and_mad(arr: np.ndarray) -> tuple[float, float]:
     are spikes, which a burst of packet loss inside a 64-sample window can reach.  Twice
     the MAD equals the IQR for symmetric data, so it is a drop-in replacement.
     """
+    import numpy as np
+
     centre = float(np.median(arr))
     return centre, float(np.median(np.abs(arr - centre)))
 
 
 def _modulus(arr: np.ndarray) -> float:
+    import numpy as np
+
     _, mad = _centre_and_mad(arr)
     width = 2.0 * (2.0 * mad) / float(np.cbrt(arr.size))
     if width > 0.0:
@@ -115,6 +128,8 @@ def denoised_mean(samples: Sequence[float], modulus: float | None = None, bins: 
     :raises ValueError: empty input, NaN/infinite/negative samples, ``modulus <= 0`` or
         ``bins < 1``.
     """
+    import numpy as np
+
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"bins must be an integer >= 1, got {bins!r}")
     if modulus is not None and not (math.isfinite(modulus) and modulus > 0):
@@ -140,6 +155,8 @@ def median(samples: Sequence[float]) -> float:
 
     Unlike :func:`denoised_mean` it accepts negative values: it is a general statistic.
     """
+    import numpy as np
+
     arr = np.asarray(list(samples), dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError("samples must be a non-empty sequence of numbers")

@@ -8,6 +8,11 @@ totals and, on a fleet, this node's partitions, leases and Redis link.  Quiet
 file gets no escape codes.  Scrapy's log goes to standard error; on the same
 terminal its lines scroll above the table, which is redrawn at the next
 interval (``LOG_FILE`` or ``-L WARNING`` keep the screen tidy).
+
+rich is imported where the table is drawn, not with this module: the add-on
+lists the extension in every crawl, and a crawl without the table should not
+carry rich's objects, which every full collection of Python's cyclic garbage
+collector scans.
 """
 
 from __future__ import annotations
@@ -16,17 +21,14 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 from scrapy.exceptions import NotConfigured
 
 from scrapy_banker.ops.timeseries import SamplingExtension
 from scrapy_banker.settings import ops_config
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Console, RenderableType
+    from rich.live import Live
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
@@ -46,6 +48,10 @@ def _rate(now: int, before: int | None, dt: float) -> str:
 
 def progress_view(sample: Sample, previous: Sample | None = None) -> RenderableType:
     """The table for one sample; pages/s from the previous one (``-`` for the first)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     dt = 0.0 if previous is None else sample.t - previous.t
     table = Table(title=f"scrapy-banker · {sample.node}", title_justify="left", expand=False)
     table.add_column("topic")
@@ -98,7 +104,11 @@ class BankerProgress(SamplingExtension):
 
     def __init__(self, crawler: Crawler, config: OpsConfig, console: Console | None = None) -> None:
         super().__init__(crawler, config)
-        self.console = console if console is not None else Console(file=sys.stdout)
+        if console is None:
+            from rich.console import Console
+
+            console = Console(file=sys.stdout)
+        self.console = console
         self.live: Live | None = None
         self.previous: Sample | None = None
 
@@ -116,6 +126,9 @@ class BankerProgress(SamplingExtension):
     def start(self) -> bool:
         # Refreshed by the samples only: rich's own refresh thread would draw
         # from another thread, and there is nothing new between two samples.
+        from rich.live import Live
+        from rich.text import Text
+
         self.live = Live(
             Text("scrapy-banker: starting..."),
             console=self.console,

@@ -176,6 +176,15 @@ class PolitenessGate:
                     return False
         return self.room(slot)
 
+    def interval(self, slot: str) -> float:
+        """The least seconds between two requests of ``slot`` now (0: none)."""
+        hosts = self._hosts
+        if hosts:
+            state = hosts.get(slot)
+            if state is not None:
+                return state.interval
+        return 0.0
+
     def draining(self, slot: str) -> bool:
         """Is a popped request of ``slot`` to be dead-lettered instead of sent?"""
         return self.drain and slot in self.given_up
@@ -335,8 +344,8 @@ class PolitenessGate:
             politeness.throttle(slot, throttle_delay)
         status = response.status
         if status not in self.codes:
-            if self._hosts:
-                politeness.succeeded(slot, self.clock())
+            if self.enabled:
+                politeness.succeeded(slot, self.clock())  # counted from the first: see refused()
                 if self.given_up and slot in self.given_up and not politeness.gave_up(slot):
                     self.given_up.discard(slot)
                     logger.info("Host %s answers again: its requests are sent again", slot)

@@ -34,13 +34,17 @@ class LocalQueue:
         topics: TopicScheduler,
         is_free: Callable[[str], bool],
         downloader_idle: Callable[[], bool],
+        interval: Callable[[str], float] | None = None,
     ) -> None:
         self.config = config
         self.is_free = is_free
         self.downloader_idle = downloader_idle
         #: The topic scheduler (built beside the control gate, which pauses topics in it).
         self.topics = topics
-        self.frontier: Frontier[Request] = Frontier(self.topics, self.new_directory())
+        #: A slot's politeness interval: spaced hosts are served first (the frontier's doc).
+        self.frontier: Frontier[Request] = Frontier(
+            self.topics, self.new_directory(), interval=interval
+        )
 
     @property
     def directory(self) -> ExtendibleDirectory[str]:

@@ -88,9 +88,15 @@ def _is_string_expr(node: ast.AST) -> bool:
 
 
 def _bound_names(target: ast.AST) -> Iterator[str]:
-    for node in ast.walk(target):
-        if isinstance(node, ast.Name):
-            yield node.id
+    """The names an assignment target binds: ``a``, ``a, *b``; not those an
+    item or attribute target only reads (``d[(k, w)] = v`` binds no ``k``)."""
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _bound_names(element)
+    elif isinstance(target, ast.Starred):
+        yield from _bound_names(target.value)
 
 
 class _Indexer(ast.NodeVisitor):
@@ -431,6 +437,7 @@ PREFIX = "banker/fake"
 
 class Fake:
     def count(self, kind, n=1):
+        self._keys[(kind, n)] = kind  # an item target binds no name: kind stays a parameter
         self.stats.inc_value(f"banker/fake/{kind}/total", n)
 
     def run(self, topic, what):

@@ -94,6 +94,10 @@ class Entry(Generic[T]):
         return f"Entry({self.item!r}, topic={self.topic!r}, slot={self.slot!r}, seq={self.seq})"
 
 
+def _seq_of(queued: tuple[int, int, object, str, int]) -> int:
+    return queued[1]
+
+
 class _Lane(Generic[T]):
     __slots__ = ("heap", "rank", "slot", "state", "ticket", "topic")
 
@@ -101,8 +105,11 @@ class _Lane(Generic[T]):
         self.topic = topic
         self.slot = slot
         self.state = _IDLE
-        # (-priority, seq, entry): highest priority first, FIFO among equals.
-        self.heap: list[tuple[int, int, Entry[T]]] = []
+        # (-priority, seq, item, key, key_hash): highest priority first, FIFO
+        # among equals.  One tuple per queued item and no Entry: every object
+        # queued is scanned by each full garbage collection while it waits, so
+        # the Entry is made when the item leaves (:meth:`Frontier._take`).
+        self.heap: list[tuple[int, int, T, str, int]] = []
         #: The slot's backlog class and the ring ticket of the lane's live ring entry.
         self.rank = 0
         self.ticket = -1
@@ -200,13 +207,12 @@ class Frontier(Generic[T]):
         bucket = (
             self.directory.add(key, key_hash, 1) if count_load else self.directory.bucket_of(key)
         )
-        entry = Entry(
-            item, topic, slot, key, key_hash, priority, next(self._seq) if seq is None else seq
-        )
+        if seq is None:
+            seq = next(self._seq)
         lane = self._lanes.get((topic, slot))
         if lane is None:
             lane = self._lanes[(topic, slot)] = _Lane(topic, slot)
-        heapq.heappush(lane.heap, (-priority, entry.seq, entry))
+        heapq.heappush(lane.heap, (-priority, seq, item, key, key_hash))
         pending = self._pending[slot] = self._pending.get(slot, 0) + 1
         rank = self._rank(slot, pending)
         if lane.state == _IDLE:
@@ -277,8 +283,9 @@ class Frontier(Generic[T]):
 
     def _take(self, lane: _Lane[T], ring: _Ring[T], now: float) -> Entry[T]:
         """Pop ``lane``'s head (the lane is off the ring) and put the lane back if not empty."""
-        _, _, entry = heapq.heappop(lane.heap)
+        negative_priority, seq, item, key, key_hash = heapq.heappop(lane.heap)
         slot = lane.slot
+        entry = Entry(item, lane.topic, slot, key, key_hash, -negative_priority, seq)
         if slot not in self._explored:
             self._served_once_more(slot)
         left = self._pending[slot] - 1
@@ -349,5 +356,5 @@ class Frontier(Generic[T]):
     def entries(self) -> Iterator[Entry[T]]:
         """Every queued entry, lanes in no particular order, FIFO order within a lane."""
         for lane in self._lanes.values():
-            for _, _, entry in sorted(lane.heap, key=lambda e: e[1]):
-                yield entry
+            for negative_priority, seq, item, key, key_hash in sorted(lane.heap, key=_seq_of):
+                yield Entry(item, lane.topic, lane.slot, key, key_hash, -negative_priority, seq)

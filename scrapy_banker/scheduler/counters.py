@@ -20,15 +20,30 @@ class SchedulerCounters:
     def __init__(self, stats: StatsCollector, flush_every_s: float = 1.0) -> None:
         self.stats = stats
         self.flush_every_s = flush_every_s
+        #: ``banker/topic/<topic>/<kind>`` -> count not yet added to the stats.
         self._topic_counts: dict[str, int] = {}
         self._flushed_at = 0.0
+        #: (kind, where) -> Scrapy's two keys, (topic, kind) -> the topic's key:
+        #: made once, not per request.
+        self._keys: dict[tuple[str, str], tuple[str, str]] = {}
+        self._topic_keys: dict[tuple[str, str], str] = {}
+        # Bound once: each attribute read on Scrapy's StatsCollector goes
+        # through its __getattribute__ (a deprecation shim), twice a request.
+        self._inc = stats.inc_value
 
     def count(self, kind: str, where: str, topic: str, now: float) -> None:
         """``scheduler/<kind>`` and ``scheduler/<kind>/<where>``, as Scrapy counts them."""
-        stats = self.stats
-        stats.inc_value(f"scheduler/{kind}/{where}")
-        stats.inc_value(f"scheduler/{kind}")
-        name = f"banker/topic/{topic}/{kind}"
+        keys = self._keys.get((kind, where))
+        if keys is None:
+            keys = (f"scheduler/{kind}/{where}", f"scheduler/{kind}")
+            self._keys[(kind, where)] = keys
+        inc = self._inc
+        inc(keys[0])
+        inc(keys[1])
+        name = self._topic_keys.get((topic, kind))
+        if name is None:
+            name = f"banker/topic/{topic}/{kind}"
+            self._topic_keys[(topic, kind)] = name
         counts = self._topic_counts
         counts[name] = counts.get(name, 0) + 1
         if now - self._flushed_at >= self.flush_every_s:
@@ -39,4 +54,4 @@ class SchedulerCounters:
         if self._topic_counts:
             counts, self._topic_counts = self._topic_counts, {}
             for name, n in counts.items():
-                self.stats.inc_value(name, n)
+                self._inc(name, n)

@@ -28,6 +28,19 @@ def test_the_long_pole_is_critical_when_it_outlasts_the_cpu_work() -> None:
     assert pacer.hold(1) is False and pacer.hold(2) is True
 
 
+def test_a_spaced_host_is_timed_by_its_interval() -> None:
+    pacer = Pacer(PacerConfig(theta=0.5))
+    cpu = _warm(pacer, 0.02)
+    # 800 pending: 16 s of CPU.  "slow" has 40 at a Crawl-delay of 0.5 s: 20 s;
+    # by its latency alone (40 x 0.1 / 4 = 1 s) it would not be critical.
+    backlog = {"big": 300, "slow": 40, "small": 60}  # big: 300 x 0.1 / 4 = 7.5 s
+    intervals = {"slow": 0.5}
+    critical = pacer.refresh(1.0, cpu, backlog, 800, lambda s: 4, lambda s: intervals.get(s, 0.0))
+    assert critical == {"slow"}
+    assert pacer.pole_s == pytest.approx(20.0)
+    assert pacer.refresh(2.0, cpu, backlog, 800, lambda s: 4) == frozenset()
+
+
 def test_no_host_is_critical_when_cpu_decides_the_end() -> None:
     pacer = Pacer(PacerConfig(theta=0.5))
     cpu = _warm(pacer, 0.02)

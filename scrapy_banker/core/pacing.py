@@ -15,7 +15,9 @@ The pacer estimates, every ``refresh_s``:
 * the CPU still to be spent: pending requests x CPU per response (the
   process's CPU time over the responses received, smoothed);
 * each host's remaining politeness time: its pending requests x its latency
-  (Scrapy's ``download_latency``, smoothed) / its concurrency;
+  (Scrapy's ``download_latency``, smoothed) / its concurrency, or x its
+  interval where the host spaces its requests (Crawl-delay, a learned rate)
+  and that is longer;
 
 and calls *critical* the hosts whose remaining politeness time is at least
 ``theta`` x the CPU still to be spent: hosts that will decide the end unless
@@ -98,8 +100,10 @@ class Pacer:
         backlog: Mapping[str, int],
         pending: int,
         concurrency: Callable[[str], int],
+        interval: Callable[[str], float] | None = None,
     ) -> frozenset[str]:
-        """Re-estimate; ``backlog``: requests queued per slot, ``pending``: all of them."""
+        """Re-estimate; ``backlog``: requests queued per slot, ``pending``: all of them;
+        ``interval``: the least seconds between two requests of a slot (0: none)."""
         cfg = self.config
         self._next_refresh = now + cfg.refresh_s
         self._measure_cpu(cpu_s)
@@ -113,6 +117,11 @@ class Pacer:
             slot: n * latency.get(slot, default) / max(1, concurrency(slot))
             for slot, n in backlog.items()
         }
+        if interval is not None:
+            for slot, n in backlog.items():
+                spaced = n * interval(slot)
+                if spaced > poles[slot]:
+                    poles[slot] = spaced
         self.cpu_left_s = cpu_left
         self.pole_s = max(poles.values())
         floor = cfg.theta * cpu_left

@@ -53,7 +53,7 @@ class Dispatcher:
             if pacer.due(now):
                 downloader.priority_slots = pacer.refresh(
                     now, time.process_time(), queue.frontier.backlogs, len(queue),
-                    downloader.concurrency,
+                    downloader.concurrency, parts.politeness.interval,
                 )  # fmt: skip
             if pacer.hold(scraper_backlog(parts.crawler)):
                 critical = pacer.critical

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from typing_extensions import Self
 
+    from scrapy_banker.scheduler import BankerScheduler
+
 __all__ = [
     "BankerDownloaderMiddleware",
     "BankerRobotsTxtMiddleware",
@@ -137,6 +139,15 @@ class BankerDownloaderMiddleware:
         self.stats = crawler.stats
         self.crawler = crawler
         self.pushback = self.config.pushback
+        #: The running banker scheduler, found at the first response (None: not yet,
+        #: or the crawl runs another scheduler).
+        self._banker: BankerScheduler | None = None
+        #: Topic -> its two response keys, made once.  Counted at every response
+        #: (extensions read them when the spider closes, before this middleware
+        #: could add a batch), through the stats collector's method bound once:
+        #: each attribute read on it goes through a deprecation shim.
+        self._keys: dict[str, tuple[str, str]] = {}
+        self._inc = self.stats.inc_value
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -146,19 +157,29 @@ class BankerDownloaderMiddleware:
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Response | Request:
         topic = request_topic(request, self.config, self.stats)
-        self.stats.inc_value(f"banker/topic/{topic}/responses")
-        self.stats.inc_value(f"banker/topic/{topic}/response_bytes", len(response.body))
+        keys = self._keys.get(topic)
+        if keys is None:
+            keys = (f"banker/topic/{topic}/responses", f"banker/topic/{topic}/response_bytes")
+            self._keys[topic] = keys
+        self._inc(keys[0])
+        self._inc(keys[1], len(response.body))
         self._release(request, "response")
         if self.pushback:
-            scheduler = running_banker(self.crawler)
+            scheduler = self._scheduler()
             if scheduler is not None:
                 return scheduler.pushback(request, response)
         return response
 
+    def _scheduler(self) -> BankerScheduler | None:
+        banker = self._banker
+        if banker is None:
+            banker = self._banker = running_banker(self.crawler)
+        return banker
+
     def _release(self, request: Request, outcome: str) -> None:
         meta = request.meta
         if meta.get(META_SLOT) is not None or META_GRANT in meta:
-            scheduler = running_banker(self.crawler)
+            scheduler = self._scheduler()
             if scheduler is not None:
                 scheduler.release(request, outcome)
 
@@ -169,7 +190,7 @@ class BankerDownloaderMiddleware:
             # Taken out of its slot's queue when its host pushed back: not a network
             # error, nothing was sent; put back into the scheduler.
             self._release(request, "held_back")
-            scheduler = running_banker(self.crawler)
+            scheduler = self._scheduler()
             return None if scheduler is None else scheduler.parts.politeness.held_back(request)
         topic = request_topic(request, self.config, self.stats)
         self.stats.inc_value(f"banker/topic/{topic}/exceptions")

@@ -8,7 +8,10 @@ import random
 import pytest
 
 from scrapy_banker.core.politeness import (
+    FLOOR_DECAY,
     RATE_DECAY,
+    RATE_MARGIN,
+    RATE_SLACK,
     RATE_WINDOW_S,
     HostState,
     Politeness,
@@ -188,3 +191,31 @@ def test_the_first_429_already_teaches_the_rate_from_the_answers_before_it() -> 
     # A 503 teaches nothing, first refusal or not.
     p.succeeded("c.test", NOW)
     assert p.refused("c.test", NOW + 1, 1.0).learned_interval == 0.0
+
+
+def test_a_learned_interval_shrinks_to_its_floor_and_no_further() -> None:
+    p = Politeness(PolitenessConfig(jitter=0))
+    for i in range(6):
+        p.succeeded("a.test", NOW + 0.1 * i)
+    state = p.refused("a.test", NOW + 0.6, 2.4, rate=True)
+    assert state.learned_interval == pytest.approx(0.5)
+    # An estimate errs slow by less than RATE_SLACK: it is not tried faster than that.
+    assert state.refused_interval * RATE_MARGIN == pytest.approx(0.5 * RATE_SLACK)
+    for i in range(30):  # served at its interval, which shrinks by RATE_DECAY each time...
+        p.succeeded("a.test", NOW + 3 + 0.5 * i)
+    floor = 0.5 * RATE_SLACK / RATE_MARGIN * FLOOR_DECAY**30
+    assert floor * RATE_MARGIN > 0.5 * RATE_DECAY**30  # ...down to the floor, no lower
+    assert p.get("a.test").learned_interval == pytest.approx(floor * RATE_MARGIN)
+    # Refused at that spacing anyway: never that fast again (nor faster than the new
+    # estimate allows).
+    spacing = p.get("a.test").interval
+    state = p.refused("a.test", NOW + 20, 1.0, rate=True)
+    assert state.refused_interval >= spacing
+    assert state.learned_interval >= state.refused_interval * RATE_MARGIN
+    floor = state.refused_interval
+    for i in range(200):
+        p.succeeded("a.test", NOW + 21 + i)
+    state = p.get("a.test")
+    assert state.refused_interval == pytest.approx(floor * FLOOR_DECAY**200)
+    assert state.learned_interval == pytest.approx(state.refused_interval * RATE_MARGIN)
+    assert HostState.from_json(state.to_json()) == state  # the floor travels with the host

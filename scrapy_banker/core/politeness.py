@@ -40,8 +40,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
+    "FLOOR_DECAY",
     "RATE_ANSWERS",
     "RATE_DECAY",
+    "RATE_MARGIN",
+    "RATE_SLACK",
     "RATE_WINDOW_S",
     "HostState",
     "Politeness",
@@ -96,6 +99,9 @@ class HostState:
     #: Answers served since the host's last refusal, and when the first of them came.
     served: int = 0
     served_since: float = 0.0
+    #: The spacing the host last refused a 429 at (0: none): too fast, so the
+    #: learned interval does not shrink below it again (see ``RATE_MARGIN``).
+    refused_interval: float = 0.0
 
     @property
     def interval(self) -> float:
@@ -150,6 +156,16 @@ _DEFAULT = HostState()
 #: Each answer served shrinks a learned interval by this factor (see
 #: :meth:`Politeness.succeeded`): ~14 answers halve it.
 RATE_DECAY = 0.95
+
+#: A learned interval stays this much above the spacing the host last
+#: refused at; that floor itself shrinks by :data:`FLOOR_DECAY` per answer,
+#: so a host that raises its limit is found out, slowly.
+RATE_MARGIN = 1.1
+FLOOR_DECAY = 0.998
+
+#: The fastest a 429's estimate of a host's interval is taken to be wrong by:
+#: the learned interval never shrinks below this share of it.
+RATE_SLACK = 0.8
 
 #: Each host's last answers are remembered, at most this many, none older
 #: than :data:`RATE_WINDOW_S`: what a 429 measures the host's rate with.
@@ -276,14 +292,21 @@ class Politeness:
                 wait *= 1 + self._rng.uniform(-cfg.jitter, cfg.jitter)
         until = max(state.blocked_until, now + wait)
         learned = state.learned_interval
+        floor = state.refused_interval
         answers = self._answers.get(host)
         if rate and answers:
             learned = min(_rate_interval(answers, until), cfg.backoff_max_s)
         elif rate and state.served:  # a state adopted from elsewhere: its own count
             learned = min((until - state.served_since) / state.served, cfg.backoff_max_s)
+        if rate and not echo and learned:
+            # Refused while spaced: that spacing is too fast for this host; and
+            # an estimate errs slow by less than RATE_SLACK (a Retry-After is
+            # whole seconds), so no faster than that is tried again either.
+            floor = max(state.interval, learned * RATE_SLACK / RATE_MARGIN)
+            learned = max(learned, min(floor * RATE_MARGIN, cfg.backoff_max_s))
         return self._set(host, replace(
             state, blocked_until=until, refusals=refusals, learned_interval=learned,
-            served=0, served_since=0.0,
+            served=0, served_since=0.0, refused_interval=floor,
         ))  # fmt: skip
 
     def blocked(self, host: str, now: float) -> bool:
@@ -298,7 +321,10 @@ class Politeness:
         for every host, so that its first ``429`` already spaces its
         requests; and a learned interval shrinks by :data:`RATE_DECAY`: one
         cycle's estimate errs slow (a ``Retry-After`` is whole seconds), so
-        the crawl speeds up again until the next 429 measures the rate anew.
+        the crawl speeds up again until the next 429 measures the rate anew
+        -- but not below :data:`RATE_MARGIN` x the spacing the host last
+        refused at, where it would only be refused again, nor below
+        :data:`RATE_SLACK` x the last estimate.
         """
         answers = self._answers.get(host, ())
         if answers and now - answers[0] > RATE_WINDOW_S:
@@ -310,9 +336,13 @@ class Politeness:
         if state is None or not (state.refusals or state.served or state.learned_interval):
             return
         served_since = state.served_since if state.served else now
+        floor = state.refused_interval * FLOOR_DECAY
+        learned = state.learned_interval
+        if learned:
+            learned = max(learned * RATE_DECAY, floor * RATE_MARGIN)
         self._set(host, replace(
             state, refusals=state.refusals // 2, served=state.served + 1,
-            served_since=served_since, learned_interval=state.learned_interval * RATE_DECAY,
+            served_since=served_since, learned_interval=learned, refused_interval=floor,
         ))  # fmt: skip
 
     def _sweep(self, now: float) -> None:

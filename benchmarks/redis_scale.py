@@ -102,6 +102,8 @@ False positives (``bloom_measured_fp_rate*``)
     others; ``bloom_partition_load_max`` is the fullest partition's URLs over
     its filter's capacity in the ``hosts`` test.
 
+``--peer-max-size N`` runs scrapy-redis only up to ``N`` (its keys are
+``null`` above it): at 10^7 its own fill takes as long as banker's whole run.
 Reading the JSON (the last stdout line; progress goes to stderr)
     Headline keys without a suffix are the largest size measured; ``_1e5``,
     ``_1e6``, ``_1e7`` (or the raw count for other sizes) are per size.
@@ -737,6 +739,16 @@ def target(value: float | None, bound: float, op: str) -> dict[str, Any]:
     return {"value": round(value, 6), "target": f"{op} {bound:g}", "met": met}
 
 
+#: The per-size keys of the peer (null at sizes it did not run at).
+PEER_KEYS = (
+    "bytes_per_queued_request_scrapy_redis", "bytes_per_seen_url_scrapy_redis",
+    "enqueue_per_s_scrapy_redis", "pop_per_s_scrapy_redis",
+    "enqueue_speedup_vs_scrapy_redis", "pop_speedup_vs_scrapy_redis",
+    "queued_bytes_ratio_vs_scrapy_redis",
+    "redis_cpu_us_per_enqueue_scrapy_redis", "redis_cpu_us_per_pop_scrapy_redis",
+)  # fmt: skip
+
+
 def build_report(
     sizes: Sequence[int],
     runs: dict[int, dict[str, RunResult]],
@@ -762,21 +774,29 @@ def build_report(
     for n in sizes:
         lab = label(n)
         row = runs[n]
-        b, s = row["banker"], row["scrapy_redis"]
+        b, s = row["banker"], row.get("scrapy_redis")  # None above --peer-max-size
         by_size[lab] = {name: res.row() for name, res in row.items()}
         by_size[lab]["mem_allocator"] = b.allocator
         out[f"bytes_per_queued_request_banker_{lab}"] = f(round(b.queued_bytes, 2))
-        out[f"bytes_per_queued_request_scrapy_redis_{lab}"] = f(round(s.queued_bytes, 2))
         out[f"bytes_per_seen_url_set_{lab}"] = f(round(b.seen_bytes, 2))
-        out[f"bytes_per_seen_url_scrapy_redis_{lab}"] = f(round(s.seen_bytes, 2))
         for key, name in (("bloom", "bloom"), ("bloom_native", "bloom_native")):
             res = row.get(name)
             out[f"bytes_per_seen_url_{key}_{lab}"] = (
                 None if res is None else f(round(res.seen_bytes, 3))
             )
         out[f"enqueue_per_s_banker_{lab}"] = f(round(b.enqueue.per_s, 1))
-        out[f"enqueue_per_s_scrapy_redis_{lab}"] = f(round(s.enqueue.per_s, 1))
         out[f"pop_ack_per_s_banker_{lab}"] = f(round(b.pop.per_s, 1))
+        for what in ("enqueue", "pop"):
+            out[f"redis_cpu_us_per_{what}_banker_{lab}"] = f(
+                round(getattr(b, what).server_us_per_op, 2)
+            )
+        if s is None:
+            for key in PEER_KEYS:
+                out[f"{key}_{lab}"] = None
+            continue
+        out[f"bytes_per_queued_request_scrapy_redis_{lab}"] = f(round(s.queued_bytes, 2))
+        out[f"bytes_per_seen_url_scrapy_redis_{lab}"] = f(round(s.seen_bytes, 2))
+        out[f"enqueue_per_s_scrapy_redis_{lab}"] = f(round(s.enqueue.per_s, 1))
         out[f"pop_per_s_scrapy_redis_{lab}"] = f(round(s.pop.per_s, 1))
         out[f"enqueue_speedup_vs_scrapy_redis_{lab}"] = f(
             round(r(b.enqueue.per_s, s.enqueue.per_s), 3)
@@ -785,12 +805,9 @@ def build_report(
         out[f"queued_bytes_ratio_vs_scrapy_redis_{lab}"] = f(
             round(r(b.queued_bytes, s.queued_bytes), 4)
         )
-        for what, timing in (("enqueue", "enqueue"), ("pop", "pop")):
-            out[f"redis_cpu_us_per_{what}_banker_{lab}"] = f(
-                round(getattr(b, timing).server_us_per_op, 2)
-            )
+        for what in ("enqueue", "pop"):
             out[f"redis_cpu_us_per_{what}_scrapy_redis_{lab}"] = f(
-                round(getattr(s, timing).server_us_per_op, 2)
+                round(getattr(s, what).server_us_per_op, 2)
             )
     out["by_size"] = by_size
     top = label(sizes[-1])
@@ -826,9 +843,9 @@ def build_report(
     ):
         out[name] = f(round(ratio_stats(series(key)), 4))
     for what in ("enqueue", "pop"):
-        values = series(f"{what}_speedup_vs_scrapy_redis")
+        values = [v for v in series(f"{what}_speedup_vs_scrapy_redis") if not math.isnan(v)]
         out[f"{what}_speedup_vs_scrapy_redis_min"] = f(
-            round(min(values), 3) if all(math.isfinite(v) for v in values) else math.nan
+            round(min(values), 3) if values and all(math.isfinite(v) for v in values) else math.nan
         )
 
     # False positives.
@@ -893,6 +910,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--zipf", type=float, default=1.0, help="host-size Zipf exponent")
     parser.add_argument("--no-bloom", action="store_true", help="skip the bloom runs")
     parser.add_argument("--no-native", action="store_true", help="skip RedisBloom runs")
+    parser.add_argument(
+        "--peer-max-size", type=int, default=None,
+        help="run scrapy-redis only at sizes up to this (its keys are null above it)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     preset = _harness.pick(
         args,
@@ -927,8 +948,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         row: dict[str, RunResult] = {}
         plans: list[tuple[str, Callable[[], RunResult]]] = [
             ("banker", partial(run_banker, tools, stream, n, args.rate_ops, dedup="set")),
-            ("scrapy_redis", partial(run_scrapy_redis, tools.spider, stream, n, args.rate_ops)),
         ]
+        if args.peer_max_size is None or n <= args.peer_max_size:
+            peer = partial(run_scrapy_redis, tools.spider, stream, n, args.rate_ops)
+            plans.append(("scrapy_redis", peer))
         if note is None:
             bloom = partial(run_banker, tools, stream, n, args.rate_ops, dedup="bloom")
             plans.append(("bloom", bloom))

@@ -174,10 +174,8 @@ class Frontier(Generic[T]):
         self._blocked: dict[str, list[_Lane[T]]] = {}
         #: Items queued per slot, all topics: the slot's backlog.
         self._pending: dict[str, int] = {}
-        #: Slots served fewer than EXPLORE_FIRST times -> how many (the young ones).
-        self._young: dict[str, int] = {}
-        #: Slots served at least EXPLORE_FIRST times (ranked by their backlogs).
-        self._explored: set[str] = set()
+        #: Slot -> times served, counted up to EXPLORE_FIRST (then ranked by its backlog).
+        self._served: dict[str, int] = {}
         self._seq = itertools.count()
         self._len = 0
         self.blocked_skips = 0  # lanes found full at pop time and parked
@@ -286,8 +284,9 @@ class Frontier(Generic[T]):
         negative_priority, seq, item, key, key_hash = heapq.heappop(lane.heap)
         slot = lane.slot
         entry = Entry(item, lane.topic, slot, key, key_hash, -negative_priority, seq)
-        if slot not in self._explored:
-            self._served_once_more(slot)
+        served = self._served.get(slot, 0)
+        if served < EXPLORE_FIRST:
+            self._served[slot] = served + 1
         left = self._pending[slot] - 1
         if left:
             self._pending[slot] = left
@@ -309,15 +308,9 @@ class Frontier(Generic[T]):
             spacing = self.interval(slot)
             if spacing > 0:
                 return _SPACED + math.ceil(pending * spacing / NOMINAL_REQUEST_S).bit_length()
-        return pending.bit_length() if slot in self._explored else _UNEXPLORED
-
-    def _served_once_more(self, slot: str) -> None:
-        served = self._young.get(slot, 0) + 1
-        if served < EXPLORE_FIRST:
-            self._young[slot] = served
-        else:
-            self._young.pop(slot, None)
-            self._explored.add(slot)
+        if self._served.get(slot, 0) < EXPLORE_FIRST:
+            return _UNEXPLORED
+        return pending.bit_length()
 
     def slot_freed(self, slot: str) -> None:
         lanes = self._blocked.pop(slot, None)

@@ -65,6 +65,10 @@ class PacerConfig:
             raise ValueError(f"theta must be > 0, got {self.theta!r}")
 
 
+def _unspaced(slot: str) -> float:
+    return 0.0
+
+
 class Pacer:
     """Which hosts are critical now, and whether to hold everything else back."""
 
@@ -113,15 +117,11 @@ class Pacer:
             return self.critical
         cpu_left = pending * per
         latency, default = self.latency, cfg.default_latency_s
+        spacing = interval or _unspaced
         poles = {
-            slot: n * latency.get(slot, default) / max(1, concurrency(slot))
+            slot: n * max(latency.get(slot, default) / max(1, concurrency(slot)), spacing(slot))
             for slot, n in backlog.items()
         }
-        if interval is not None:
-            for slot, n in backlog.items():
-                spaced = n * interval(slot)
-                if spaced > poles[slot]:
-                    poles[slot] = spaced
         self.cpu_left_s = cpu_left
         self.pole_s = max(poles.values())
         floor = cfg.theta * cpu_left

@@ -344,11 +344,11 @@ class PolitenessGate:
             politeness.throttle(slot, throttle_delay)
         status = response.status
         if status not in self.codes:
-            if self.enabled:
-                politeness.succeeded(slot, self.clock())  # counted from the first: see refused()
-                if self.given_up and slot in self.given_up and not politeness.gave_up(slot):
-                    self.given_up.discard(slot)
-                    logger.info("Host %s answers again: its requests are sent again", slot)
+            # Every host's answers count, from its first: see Politeness.refused.
+            politeness.succeeded(slot, self.clock())
+            if self.given_up and slot in self.given_up and not politeness.gave_up(slot):
+                self.given_up.discard(slot)
+                logger.info("Host %s answers again: its requests are sent again", slot)
             return response
         state = self._recorded.pop(id(response), None) or self._record(response, slot)
         stats = self.stats

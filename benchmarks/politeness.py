@@ -518,12 +518,12 @@ def report(
                 targets[f"target_refused_10x_fewer_than_{peer}_{b}"] = (
                     theirs >= REFUSED_FACTOR * mine
                 )
+        out[f"wall_over_bound_{b}"] = _common.rounded(
+            _common.ratio(out[f"wall_s_{b}"], out["politeness_bound_s"]), 3
+        )
         if "scrapy_redis" in runs:
             mine, theirs = out[f"wall_s_{b}"], out["wall_s_scrapy_redis"]
             out[f"wall_ratio_{b}_vs_scrapy_redis"] = _common.rounded(_common.ratio(mine, theirs), 3)
-            out[f"wall_over_bound_{b}"] = _common.rounded(
-                _common.ratio(mine, out["politeness_bound_s"]), 3
-            )
             targets[f"target_wall_le_scrapy_redis_{b}"] = mine is not None and (
                 theirs is None or mine <= theirs
             )

@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import output_tail, run_python
+
+#: Each check starts an interpreter that builds a real Scrapy crawler.
+pytestmark = [pytest.mark.slow, pytest.mark.scrapy213]
 
 #: Imported only once the component that needs it is configured.
 HEAVY = ("numpy", "rich", "prometheus_client")

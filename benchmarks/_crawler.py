@@ -340,7 +340,8 @@ class DocsRedisSpider(_Item, RedisCrawlSpider):  # type: ignore[misc]
 class CrawlSampler(_Extension):
     """What the crawler is doing, every ``BENCH_SAMPLE_INTERVAL`` s, to ``BENCH_SAMPLES_FILE``.
 
-    Requests in the downloader, responses waiting in or being processed by
+    Requests in the downloader (of which on the wire, ``transferring``, and
+    waiting in a download slot's queue, ``slot_queued``), responses waiting in or being processed by
     Scrapy's scraper, the process's CPU use, and how often the scheduler
     answered the engine with nothing and why (nothing queued at all, or
     only requests it would not send now: full slots or held back).
@@ -386,9 +387,12 @@ class CrawlSampler(_Extension):
         assert engine is not None
         now, cpu = time.monotonic(), time.process_time()
         slot = engine.scraper.slot
+        slots = engine.downloader.slots.values()
         self.rows.append({
             "t": round(now - self._t0, 3),
             "downloader": len(engine.downloader.active),
+            "transferring": sum(len(s.transferring) for s in slots),
+            "slot_queued": sum(len(s.queue) for s in slots),
             "scraper_queue": len(slot.queue) if slot is not None else 0,
             "scraper_active": len(slot.active) if slot is not None else 0,
             "scraper_bytes": slot.active_size if slot is not None else 0,

@@ -163,7 +163,7 @@ def fleet_runs(sizes: Sequence[int], extra: dict[str, Any]) -> list[Run]:
 
 
 def crawl(run: Run, farm: WebFarm, hosts: dict[str, str], tmp: Path,
-          redis_url: str | None) -> dict[str, Any]:  # fmt: skip
+          redis_url: str | None, profile_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """One crawl to completion; what the farm and the crawler(s) saw."""
     # The root, not /index.html: Scrapy makes start URLs dont_filter, and the
     # pages link back to index.html, which would be fetched twice.
@@ -188,6 +188,8 @@ def crawl(run: Run, farm: WebFarm, hosts: dict[str, str], tmp: Path,
         specs[name] = _harness.crawl_spec(
             spider, settings, spider_kwargs=kwargs, extensions=["_crawler.CrawlSampler"]
         )
+        if profile_dir is not None:
+            specs[name] |= {"profile": True, "profile_out": str(profile_dir / f"{name}.pstats")}
     done = _harness.crawls(specs, tmp, timeout=1800)
     stats = farm.stats(urls=True)
     samples = farm.samples()
@@ -264,6 +266,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     _harness.add_settings(parser, "a setting for the banker runs (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the runs' logs and samples")
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        metavar="DIR",
+        help="run every crawler process under cProfile and save DIR/<run>-<i>.pstats "
+        "(slower: not for figures)",
+    )
     return parser.parse_args(argv)
 
 
@@ -288,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _common.emit_json({"skipped": why})
             return 0
     extra = _harness.settings(args.set)
+    if args.profile_dir is not None:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
     hosts = {n: f"{n}.farm.test" for n in names}
     lat = latencies({n: html_files(dirs[n]) for n in names}, args.seed)
     sizes = [int(x) for x in args.fleet.split(",") if x]
@@ -310,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for run in runs:
                     log(f"[{rep + 1}/{repeats}] {run.name} ...")
                     url = redis_server.url if redis_server is not None else None
-                    result = crawl(run, farm, hosts, tmp, url)
+                    result = crawl(run, farm, hosts, tmp, url, args.profile_dir)
                     log(
                         f"    {result['wall_s']:.1f} s, {result['pages']} pages, cpu "
                         f"{result['cpu_s']:.1f} s, max in flight/host "

@@ -99,11 +99,25 @@ def test_refusals_come_back_typed_and_in_place(
     assert isinstance(fenced, Fenced) and fenced.reply == "NOTOWNER node-a@1"
     assert isinstance(busy, Busy) and busy.reply == "BUSY 1"
     assert isinstance(fenced, Refusal) and isinstance(busy, Refusal)
-    assert [x.decode() if isinstance(x, bytes) else x for x in leased[1:]] == ["p1", 1]
-    assert empty == []
+    # id, payload, deliveries; last, what is still queued in the partition.
+    assert [x.decode() if isinstance(x, bytes) else x for x in leased[1:]] == ["p1", 1, 0]
+    assert empty == [0]
     # A refusal where none is expected is an error, not a value.
     with pytest.raises(redis.ResponseError, match="NOTOWNER"):
         frontier.scripts.values("pop", calls[:1])
+
+
+def test_a_pop_tells_what_is_still_queued_in_each_partition(frontier: RedisFrontier) -> None:
+    for p, n in ((3, 5), (4, 1)):
+        for i in range(n):
+            frontier.enqueue(p, f"fp{p}-{i}", f"p{p}-{i}")
+        frontier.set_owner(p, "node-a", 1)
+    frontier.set_owner(6, "node-a", 1)
+    result = frontier.pop_many({3: 1, 4: 1, 6: 1}, "node-a", 2)
+    assert result.queued == {3: 3, 4: 0, 6: 0}
+    assert sorted(x.payload for x in result.leased) == ["p3-0", "p3-1", "p4-0"]
+    assert result.empty == [6]
+    assert result.queued[3] == frontier.queued(3)
 
 
 def test_other_error_replies_are_raised_after_the_whole_batch_ran(

@@ -92,6 +92,26 @@ def test_a_partition_held_up_to_the_cap_is_not_popped(redis_client: redis.Redis)
     assert len(_pop_all(worker)) == 1  # room for one more
 
 
+def test_the_longest_backlog_is_leased_first_by_the_census_of_the_last_pops(
+    redis_client: redis.Redis,
+) -> None:
+    worker = _worker(redis_client, "a", pop_per_partition=2)
+    for p, n in ((3, 2), (7, 10), (9, 6)):
+        for i in range(n):
+            worker.enqueue(EnqueueOp(p, f"fp{p}-{i}", f"p{p}-{i}"))
+    worker.flusher.run_once()
+    worker.request(100)
+    assert worker.popper.pop() == 6  # two of each: the census is unknown yet
+    assert dict(worker.queued) == {7: 8, 9: 4}  # what Redis still queues, nonzero only
+    for leased in list(worker.inbound):
+        worker.ack(leased.token)
+    worker.inbound.clear()
+    worker.flusher.run_once()
+    worker.state.hints.next_full_scan = float("inf")
+    assert sorted(_pop_all(worker, want=2)) == ["p7-2", "p7-3"]  # the long pole's
+    assert dict(worker.queued) == {7: 6, 9: 4}
+
+
 def test_confirmed_fingerprints_are_remembered_up_to_the_cache_size(
     redis_client: redis.Redis,
 ) -> None:

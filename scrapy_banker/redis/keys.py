@@ -112,7 +112,8 @@ SEQ = HashField(
 QUEUED = HashField(
     "n", "", int, writers=("enqueue", "nack", "pop", "purge", "reap", "release", "requeue"),
     meaning="Requests waiting in the level lists: what the drain check, count.lua and "
-    "the operators' views count as queued (the leased ones are the leases' size).",
+    "the operators' views count as queued (the leased ones are the leases' size); "
+    "pop.lua returns it to the owner, whose pops and pacing serve the longest first.",
 )  # fmt: skip
 DELIVERIES = HashField(
     "d:", "<id>", int, writers=("nack", "pop", *_FORGET),

@@ -51,8 +51,14 @@ class Dispatcher:
         if pacer is not None:
             downloader = parts.downloader
             if pacer.due(now):
+                backlog, pending = queue.frontier.backlogs, len(queue)
+                if elsewhere := store.queued_elsewhere():
+                    backlog = {**backlog}
+                    for slot, n in elsewhere.items():
+                        backlog[slot] = backlog.get(slot, 0) + n
+                    pending += sum(elsewhere.values())
                 downloader.priority_slots = pacer.refresh(
-                    now, time.process_time(), queue.frontier.backlogs, len(queue),
+                    now, time.process_time(), backlog, pending,
                     downloader.concurrency, parts.politeness.interval,
                 )  # fmt: skip
             if pacer.hold(scraper_backlog(parts.crawler)):

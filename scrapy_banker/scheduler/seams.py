@@ -184,6 +184,12 @@ class RequestStore(Protocol):
     def __len__(self) -> int:
         """Requests the store holds outside the local queue."""
 
+    def queued_elsewhere(self) -> Mapping[str, int]:
+        """Host -> its requests this process will fetch that wait outside the local
+        queue (a fleet's partitions in Redis): the long-pole pacing counts them
+        beside the local backlog, or a worker would see every host as the few
+        requests it leased."""
+
     def politeness_changed(self, changed: Mapping[str, HostState]) -> None:
         """Host states that changed since the last call (``Politeness.take_changed()``).
 

@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import time
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from scrapy.dupefilters import RFPDupeFilter
@@ -54,6 +55,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["MemoryStore", "RequestStore", "SchedulerParts"]
+
+
+#: Nothing is queued outside the local queue of one process.
+_NOWHERE: Mapping[str, int] = MappingProxyType({})
 
 
 class MemoryStore:
@@ -340,6 +345,9 @@ class MemoryStore:
 
     def __len__(self) -> int:
         return 0
+
+    def queued_elsewhere(self) -> Mapping[str, int]:
+        return _NOWHERE
 
     def politeness_changed(self, changed: Mapping[str, HostState]) -> None:
         pass  # the JOBDIR snapshot reads the states themselves when it is written

@@ -66,6 +66,9 @@ class PopResult:
     #: Partition -> host -> state JSON, for the partitions asked to be read
     #: (``read_hosts``) whose pop was neither fenced nor ``BUSY``.
     hosts: dict[int, dict[str, str]] = field(default_factory=dict)
+    #: Partition -> requests still queued there after the pop (its meta ``n``),
+    #: for every partition popped that was neither fenced nor ``BUSY``.
+    queued: dict[int, int] = field(default_factory=dict)
 
 
 #: The keys of the scripts that act on leases by ``partition -> ids``.
@@ -103,7 +106,7 @@ class Leases:
             raise NotOwner(f"partition {partition} is not owned by {node}@{epoch} ({answer.reply})")
         if isinstance(answer, Busy):
             return []  # the previous owner's requests are still in flight
-        return _leased(partition, answer)
+        return _leased(partition, answer[:-1])
 
     def pop_many(
         self,
@@ -132,8 +135,10 @@ class Leases:
             if isinstance(answer, Busy):
                 result.busy.append(p)
                 continue
-            if answer:
-                result.leased.extend(_leased(p, answer))
+            *flat, queued = answer
+            result.queued[p] = int(queued)
+            if flat:
+                result.leased.extend(_leased(p, flat))
             else:
                 result.empty.append(p)
             if states is not None:

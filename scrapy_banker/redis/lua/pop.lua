@@ -6,7 +6,9 @@
 -- Returns {err} NOTOWNER if the caller does not own the partition at that epoch,
 -- {err} BUSY while leases taken at an older epoch (a previous owner's requests
 -- still in flight) are outstanding -- so a host is never fetched by two nodes
--- at once across a hand-over -- else a flat list: id1, payload1, deliveries1, ...
+-- at once across a hand-over -- else a flat list: id1, payload1, deliveries1,
+-- ..., and last the requests still queued in the partition after this pop
+-- (meta "n": the census that lets the owner lease its longest backlog first).
 local owner = redis.call("GET", KEYS[5])
 local epoch = ARGV[2]
 if owner ~= ARGV[1] .. "@" .. epoch then
@@ -51,8 +53,10 @@ while taken < want do
     redis.call("ZREM", KEYS[1], level)
   end
 end
+local left = tonumber(redis.call("HGET", KEYS[4], "n") or "0")
 if taken > 0 then
-  redis.call("HINCRBY", KEYS[4], "n", -taken)
+  left = redis.call("HINCRBY", KEYS[4], "n", -taken)
   redis.call("HINCRBY", KEYS[4], "h:" .. epoch, taken)
 end
+out[#out + 1] = left
 return out

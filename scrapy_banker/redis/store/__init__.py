@@ -383,6 +383,9 @@ class RedisLeaseStore:
     def __len__(self) -> int:
         return len(self.worker.inbound)
 
+    def queued_elsewhere(self) -> Mapping[str, int]:
+        return self.inbound.queued_elsewhere()
+
     # -- politeness (issue #26) ------------------------------------------------------
 
     def politeness_changed(self, changed: Mapping[str, HostState]) -> None:

@@ -85,6 +85,9 @@ class Inbound:
         self.budgets = budgets
         #: Leased requests waiting for their budget charge: token -> (request, class).
         self.charging: dict[LeaseToken, tuple[Request, Classified]] = {}
+        #: Partition -> the host last leased from it (a partition rarely holds
+        #: two of a crawl's hosts): whose backlog its queued count is.
+        self.slot_of: dict[int, str] = {}
 
     def drain(self, now: float, spider: Spider | None) -> None:
         """Move what the worker leased into the local queue; dead-letter what is malformed."""
@@ -125,6 +128,7 @@ class Inbound:
                 stats.inc_value("banker/redis/redelivered")
             token = leased.token
             request.meta[META_LEASE] = token
+            self.slot_of[leased.partition] = c.slot
             if hosts is not None:
                 hosts.leased(c.slot, token)
             if charge is not None and self._charge(token, request, c, charge):
@@ -132,6 +136,16 @@ class Inbound:
             parts.queue.push(request, c, now)
             if control.hosts or control.topics:
                 self._park_if_paused(token, c, control)
+
+    def queued_elsewhere(self) -> dict[str, int]:
+        """Host -> its requests still queued in Redis in partitions this node owns."""
+        out: dict[str, int] = {}
+        slot_of = self.slot_of
+        for p, n in self.worker.queued.items():
+            slot = slot_of.get(p)
+            if slot is not None:
+                out[slot] = out.get(slot, 0) + n
+        return out
 
     def park_paused(self, entries: Iterable[Entry[Request]], state: ControlState) -> None:
         """Buffered leases of paused hosts or topics no longer count against their

@@ -63,7 +63,7 @@ from scrapy_banker.redis.worker.state import FleetLink, WorkerState
 
 if TYPE_CHECKING:
     from collections import deque
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from scrapy_banker.core.directives import BudgetRules, ControlState
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
@@ -326,6 +326,11 @@ class FrontierWorker:
         """(partition, epoch, host -> state JSON) of partitions this node took over,
         each appended before the partition's first leases in :attr:`inbound`."""
         return self.state.adopted
+
+    @property
+    def queued(self) -> Mapping[int, int]:
+        """Owned partition -> requests still queued there in Redis at its last pop."""
+        return self.state.queued
 
     def request(self, want: int) -> None:
         """The scheduler's buffer could take ``want`` more requests."""

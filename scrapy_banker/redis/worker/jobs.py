@@ -445,8 +445,11 @@ class Popper:
         # Ask for about what the scheduler wants, not a few requests of every
         # partition with work: a lease is work no other node can take.
         # Partitions this node already works on come first (their hosts are
-        # busy here anyway); one it holds enough of is left alone.
-        order.sort(key=lambda p: p not in held)
+        # busy here anyway), then the longest backlogs (the census of the
+        # last pops): the long pole's requests are leased before the rest.
+        # One it holds enough of is left alone.
+        queued = hints.queued
+        order.sort(key=lambda p: (p not in held, -queued.get(p, 0)))
         counts: dict[int, int] = {}
         total = 0
         for p in order:
@@ -472,6 +475,7 @@ class Popper:
                 chunk, node, self.pop_per_partition, counts=counts, read_hosts=new
             )
             self.adopt(result.hosts, chunk)
+            queued.update(result.queued)
             for p in result.empty:
                 nonempty.discard(p)
                 busy_until.pop(p, None)
@@ -491,6 +495,7 @@ class Popper:
             got += len(result.leased)
             if got >= signals.want:
                 break
+        state.queued = {p: n for p, n in queued.items() if n and p in owned}
         if got:
             signals.drained_since = None
             signals.want = max(0, signals.want - got)

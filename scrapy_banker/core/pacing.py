@@ -48,7 +48,7 @@ class PacerConfig:
     #: Responses in the scraper from which the CPU counts as saturated.
     backlog: int = 2
     #: A host is critical from ``theta`` x the CPU still to be spent.
-    theta: float = 0.25
+    theta: float = 0.5
     #: Seconds between two estimates.
     refresh_s: float = 0.5
     #: Weight of a new latency sample in a host's smoothed latency.

@@ -203,6 +203,33 @@ def test_a_hungry_worker_steals_waiting_partitions_from_a_saturated_one(
     assert "banker/redis/steals" not in b.take_counters()
 
 
+def test_a_worker_holding_leases_counts_no_partition_unless_it_may_steal(
+    redis_client: redis.Redis,
+) -> None:
+    worker = _worker(redis_client, "a", steal=False)
+    worker.enqueue(EnqueueOp(3, "fp", "p"))
+    worker.flusher.run_once()
+    assert _pop_all(worker) == ["p"]
+    worker.hungry = True
+    worker.drain.check(0.0)  # its own lease is work in Redis: not drained, no census
+    assert "banker/redis/drain_checks" not in worker.take_counters()
+    assert worker.drained_since is None
+    (token,) = (LeaseToken(3, i, 1) for i in worker.state.leases.held[3])
+    worker.ack(token)
+    worker.flusher.run_once()
+    worker.drain.check(1.0)
+    assert worker.take_counters()["banker/redis/drain_checks"] == 1
+    assert worker.drained_since == 1.0
+    # A node that may steal counts, leases or not: it needs each partition's work.
+    thief = _worker(redis_client, "b")
+    thief.enqueue(EnqueueOp(min(thief.owned), "fp5", "p5"))
+    thief.flusher.run_once()
+    assert _pop_all(thief)
+    thief.hungry = True
+    thief.drain.check(2.0)
+    assert thief.take_counters()["banker/redis/drain_checks"] == 1
+
+
 def test_a_lease_is_held_only_while_its_pop_or_last_renewal_is_recent(
     redis_client: redis.Redis,
 ) -> None:

@@ -642,6 +642,14 @@ class DrainWatch:
         """Count the crawl's work: note when it drained; steal if hungry and it is time."""
         signals, counters = self.state.signals, self.state.counters
         steal = self.steal_enabled and signals.hungry and now >= self.next_steal
+        if not steal and self.state.leases.held:
+            # This node's own leases are work in Redis: the crawl is not
+            # drained, so a census could only say so again.  A hungry node
+            # of a busy crawl would otherwise count every partition ten
+            # times a second (most of its worker thread's CPU, and Redis's).
+            signals.drained_since = None
+            self.next_at = now + CENSUS_INTERVAL_S
+            return
         census = self.link.frontier.census(each=steal)
         counters.add("banker/redis/drain_checks")
         if census.drained and not self.pending():

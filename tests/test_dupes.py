@@ -86,7 +86,7 @@ def test_the_memo_is_bounded_and_forgets_the_oldest() -> None:
     counting = Counting(memo.df)  # type: ignore[arg-type]
     for u in ("a", "b", "c", "d"):
         memo.is_duplicate(Request(f"http://a.test/{u}"), spider)
-    assert len(memo._urls) == 3
+    assert len(memo.memo) == 3
     assert memo.is_duplicate(Request("http://a.test/a"), spider) is True  # from the dupefilter
     assert counting.calls == 5 and memo.hits == 0
     assert memo.is_duplicate(Request("http://a.test/d"), spider) is True and memo.hits == 1

@@ -32,10 +32,52 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.dupefilters import BaseDupeFilter
 
-__all__ = ["MEMO_SIZE", "SeenURLs"]
+__all__ = ["MEMO_SIZE", "SeenURLs", "URLMemo", "fingerprints_by_url"]
 
 #: URL strings remembered; at ~100 bytes a URL, about 10 MB.
 MEMO_SIZE = 1 << 17
+
+
+class URLMemo:
+    """URL strings of known duplicates, bounded (the oldest dropped first).
+
+    Only where the fingerprint of a ``GET`` without a body is a function of
+    the URL string alone (``enabled``, see the module's docstring):
+    :meth:`key` is None for every other request, which the caller then
+    fingerprints as usual.
+    """
+
+    def __init__(self, enabled: bool, size: int = MEMO_SIZE) -> None:
+        self.enabled = enabled
+        self.size = size
+        #: Insertion-ordered: the first key is the oldest.
+        self._urls: dict[str, None] = {}
+        self.hits = 0
+
+    def key(self, request: Request) -> str | None:
+        if not self.enabled or request.method != "GET" or request.body:
+            return None
+        meta = existing_meta(request)
+        if meta and meta.get("verbatim_url"):
+            return None
+        return request.url
+
+    def __len__(self) -> int:
+        return len(self._urls)
+
+    def __contains__(self, key: str) -> bool:
+        if key in self._urls:
+            self.hits += 1
+            return True
+        return False
+
+    def add(self, key: str) -> None:
+        urls = self._urls
+        if key in urls:
+            return
+        if len(urls) >= self.size:
+            del urls[next(iter(urls))]
+        urls[key] = None
 
 
 class SeenURLs:
@@ -43,38 +85,31 @@ class SeenURLs:
 
     def __init__(self, dupefilter: BaseDupeFilter, size: int = MEMO_SIZE) -> None:
         self.df = dupefilter
-        self.size = size
-        #: Insertion-ordered: the first key is the oldest.
-        self._urls: dict[str, None] = {}
-        self.enabled = _fingerprints_by_url(dupefilter)
-        self.hits = 0
+        self.memo = URLMemo(_fingerprints_by_url(dupefilter), size)
+
+    @property
+    def enabled(self) -> bool:
+        return self.memo.enabled
+
+    @property
+    def hits(self) -> int:
+        return self.memo.hits
 
     def is_duplicate(self, request: Request, spider: Spider | None) -> bool:
         """Scrapy's dupefilter check (``request_seen``, then ``log``), with the memo first."""
         if request.dont_filter:
             return False
-        key = self._key(request)
-        urls = self._urls
-        if key is not None and key in urls:
-            self.hits += 1
+        memo = self.memo
+        key = memo.key(request)
+        if key is not None and key in memo:
             self.df.log(request, spider)  # type: ignore[arg-type]
             return True
         seen = self.df.request_seen(request)
         if key is not None:
-            if len(urls) >= self.size:
-                del urls[next(iter(urls))]
-            urls[key] = None
+            memo.add(key)
         if seen:
             self.df.log(request, spider)  # type: ignore[arg-type]
         return bool(seen)
-
-    def _key(self, request: Request) -> str | None:
-        if not self.enabled or request.method != "GET" or request.body:
-            return None
-        meta = existing_meta(request)
-        if meta and meta.get("verbatim_url"):
-            return None
-        return request.url
 
 
 def _fingerprints_by_url(dupefilter: BaseDupeFilter) -> bool:
@@ -83,5 +118,9 @@ def _fingerprints_by_url(dupefilter: BaseDupeFilter) -> bool:
         return False
     if getattr(dupefilter, "_legacy_fingerprint", False):
         return False
-    fingerprinter = getattr(dupefilter, "fingerprinter", None)
+    return fingerprints_by_url(getattr(dupefilter, "fingerprinter", None))
+
+
+def fingerprints_by_url(fingerprinter: object) -> bool:
+    """Whether ``fingerprinter`` is Scrapy's own (a ``GET``'s fingerprint is its URL's)."""
     return type(fingerprinter) is RequestFingerprinter

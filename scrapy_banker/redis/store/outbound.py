@@ -11,8 +11,10 @@ Nothing here waits for Redis.
 Links the crawl finds again and again cost neither encoding nor a Lua call:
 the worker remembers the fingerprints Redis confirmed
 (:setting:`BANKER_REDIS_SEEN_CACHE`), and :meth:`Outbound.is_duplicate`
-drops those at once.  A request that cannot be serialized stays in this
-worker's memory, crawled here only.
+drops those at once -- a repeat of a URL string already found so without
+fingerprinting it again (:class:`~scrapy_banker.scheduler.dupes.URLMemo`).
+A request that cannot be serialized stays in this worker's memory, crawled
+here only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_banker.core.meta import META_LEASE, META_SLOT
 from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+from scrapy_banker.scheduler.dupes import URLMemo, fingerprints_by_url
 from scrapy_banker.scheduler.serialize import UnserializableRequest
 
 if TYPE_CHECKING:
@@ -59,6 +62,10 @@ class Outbound:
         self.partitions = partitions
         self.placement = placement
         self._fingerprinter = fingerprinter
+        #: URL strings whose fingerprints Redis confirmed seen: a repeat of one
+        #: is not fingerprinted again (a CrawlSpider yields the same navigation
+        #: links on every page).  Off for a fingerprinter other than Scrapy's own.
+        self._memo = URLMemo(fingerprints_by_url(fingerprinter))
         #: Whether this worker queued anything for Redis.
         self.sent_any = False
         self._unserializable_logged = False
@@ -76,10 +83,20 @@ class Outbound:
         """
         if request.dont_filter:
             return False
+        memo = self._memo
+        key = memo.key(request)
+        if key is not None and key in memo:
+            self._count_cached()
+            return True
         if self._fingerprinter.fingerprint(request).hex() in self.worker.seen:
-            self.parts.stats.inc_value("banker/redis/duplicates_cached")
+            if key is not None:
+                memo.add(key)
+            self._count_cached()
             return True
         return False
+
+    def _count_cached(self) -> None:
+        self.parts.stats.inc_value("banker/redis/duplicates_cached")
 
     def put(self, request: Request, c: Classified, now: float, spider: Spider | None) -> str:
         """Queue ``request`` for Redis (``redis``), or keep it here if it cannot be (``memory``).

@@ -50,6 +50,9 @@ Usage::
 
     python benchmarks/real_sites.py --quick          # one run each, ~5 minutes
     python benchmarks/real_sites.py --repeats 3      # medians of 3
+    # the second set, which no tuning looked at (its packages installed if missing):
+    python benchmarks/real_sites.py --sites scrapy,celery,tornado,cryptography,babel \
+        --only banker,dapq_asyncio,dapq_epoll --fleet "" --repeats 3
 """
 
 from __future__ import annotations
@@ -87,6 +90,17 @@ SITES: dict[str, tuple[str, str]] = {
     "requests": ("python-requests-doc", "/usr/share/doc/python-requests-doc/html"),
     "jinja2": ("python-jinja2-doc", "/usr/share/doc/python-jinja2-doc/html"),
 }
+#: The default sites: every tuning of the scheduler looked at them.
+DEFAULT_SITES = tuple(SITES)
+#: A second set no tuning looked at (chosen for #33 before its runs):
+#: ``--sites scrapy,celery,tornado,cryptography,babel``.
+SITES.update({
+    "scrapy": ("python-scrapy-doc", "/usr/share/doc/python-scrapy-doc/html"),
+    "celery": ("python-celery-doc", "/usr/share/doc/python-celery-doc/html"),
+    "tornado": ("python-tornado-doc", "/usr/share/doc/python-tornado-doc/html"),
+    "cryptography": ("python-cryptography-doc", "/usr/share/doc/python-cryptography-doc/html"),
+    "babel": ("python-babel-doc", "/usr/share/doc/python-babel-doc/html"),
+})  # fmt: skip
 PER_HOST = 4
 CONCURRENT = 16
 SINGLE = ("dapq_asyncio", "dapq_epoll", "banker")
@@ -252,7 +266,12 @@ def longpole(samples: list[list[Any]], host: str, span: float) -> dict[str, floa
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = _harness.parser(__doc__, quick="one run of each peer")
     _harness.add_repeats(parser, "runs of each peer (median; quick 1, else 3)")
-    parser.add_argument("--sites", default=",".join(SITES), help="comma-separated site names")
+    parser.add_argument(
+        "--sites",
+        default=",".join(DEFAULT_SITES),
+        help=f"comma-separated site names (default the first {len(DEFAULT_SITES)}; "
+        f"known: {', '.join(SITES)})",
+    )
     parser.add_argument(
         "--tree",
         action="append",

@@ -38,7 +38,9 @@ What is measured (the last stdout line is one JSON object)
     ``distinct_pages``; ``politeness_bound_s`` (largest over hosts of pages x
     latency / per-host limit); ``cpu_bound_s`` (the least crawler CPU among
     the single-node runs, over the crawler processes that can run at once:
-    one); ``bound_s`` (the larger); ``wall_over_bound_banker``;
+    one); ``bound_s`` (the larger); ``wall_over_bound_<peer>`` for every peer
+    (a fleet of ``n`` against ``bound_s_<peer>``: the politeness bound or the
+    CPU bound over the cores ``n`` processes can use);
     ``wall_ratio_banker_vs_<peer>``; ``inflight_longpole_<sched>``: the
     long-pole host's requests in flight, the farm's 0.25 s samples averaged
     over the first 10 s and over the last quarter of the crawl; and per run
@@ -60,6 +62,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -420,6 +423,21 @@ def report(results: dict[str, list[dict[str, Any]]], lat: dict[str, float],
             )
     if "banker_2w" in med and "banker_4w" in med:
         out["wall_ratio_banker_4w_vs_2w"] = round(med["banker_4w"] / med["banker_2w"], 3)
+    # Every peer against the least time a crawl keeping every limit can take:
+    # one process, the bound above; n workers, the politeness bound or the
+    # least single-process CPU over the cores they can use at once.
+    cores = os.cpu_count() or 1
+    for name, wall in med.items():
+        fleet = re.search(r"_(\d+)w$", name)
+        workers = int(fleet.group(1)) if fleet else 1
+        if workers == 1:
+            bound = out.get("bound_s", out["politeness_bound_s"])
+        else:
+            cpu = out.get("cpu_bound_s")
+            share = 0.0 if cpu is None else cpu / min(workers, cores)
+            bound = max(out["politeness_bound_s"], share)
+            out[f"bound_s_{name}"] = round(bound, 2)
+        out[f"wall_over_bound_{name}"] = round(wall / bound, 3)
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -299,6 +300,17 @@ def test_real_sites_on_written_trees_reports_every_key(tmp_path: Path) -> None:
         "wall_ratio_banker_vs_scrapy_redis_2w",
     ):
         assert _positive(result[key]), key
+    # Every peer against its bound; a fleet's bound counts the cores it can use.
+    for name in names:
+        assert _positive(result[f"wall_over_bound_{name}"]), name
+    for name in ("banker_2w", "scrapy_redis_2w"):
+        cpu_share = result["cpu_bound_s"] / min(2, os.cpu_count() or 1)
+        assert result[f"bound_s_{name}"] == pytest.approx(
+            max(result["politeness_bound_s"], cpu_share), abs=0.01
+        )
+        assert result[f"wall_over_bound_{name}"] == pytest.approx(
+            result[f"wall_s_{name}"] / result[f"bound_s_{name}"], rel=0.02  # both rounded
+        )
 
 
 @pytest.mark.slow

@@ -85,7 +85,10 @@ What is measured (the last stdout line is one JSON object)
     ``politeness_bound_s`` (and its host, ``politeness_bound_host``) is the
     least time any crawl that keeps every host's limits can take
     (:func:`politeness_bound_s`); ``wall_over_bound_<sched>`` compares each
-    banker peer with it.  A peer finishing below it broke a limit.
+    banker peer with its ``bound_s_<sched>``: that bound, plus one lease TTL
+    for a fleet whose worker was killed (its leases, the long pole's
+    requests among them, wait that long to be fetched again whatever the
+    fleet does).  A peer finishing below the politeness bound broke a limit.
 
     Targets, for ``banker`` and ``banker_1w`` each (``target_<what>_<sched>``,
     all of them in ``targets_met``): no Retry-After and no Crawl-delay
@@ -518,9 +521,14 @@ def report(
                 targets[f"target_refused_10x_fewer_than_{peer}_{b}"] = (
                     theirs >= REFUSED_FACTOR * mine
                 )
-        out[f"wall_over_bound_{b}"] = _common.rounded(
-            _common.ratio(out[f"wall_s_{b}"], out["politeness_bound_s"]), 3
-        )
+        bound = out["politeness_bound_s"]
+        if any(e["kind"] == "kill" for r in runs[b] for e in r.get("events", ())):
+            # A worker killed mid-crawl holds its leases until they expire:
+            # its hosts' requests wait one lease TTL whatever the fleet does.
+            ttl = {**BANKER_TIMERS, **opts.banker_extra}["BANKER_REDIS_LEASE_TTL"]
+            bound = round(bound + float(ttl), 2)
+        out[f"bound_s_{b}"] = bound
+        out[f"wall_over_bound_{b}"] = _common.rounded(_common.ratio(out[f"wall_s_{b}"], bound), 3)
         if "scrapy_redis" in runs:
             mine, theirs = out[f"wall_s_{b}"], out["wall_s_scrapy_redis"]
             out[f"wall_ratio_{b}_vs_scrapy_redis"] = _common.rounded(_common.ratio(mine, theirs), 3)

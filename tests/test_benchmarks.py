@@ -309,7 +309,8 @@ def test_real_sites_on_written_trees_reports_every_key(tmp_path: Path) -> None:
             max(result["politeness_bound_s"], cpu_share), abs=0.01
         )
         assert result[f"wall_over_bound_{name}"] == pytest.approx(
-            result[f"wall_s_{name}"] / result[f"bound_s_{name}"], rel=0.02  # both rounded
+            result[f"wall_s_{name}"] / result[f"bound_s_{name}"],
+            rel=0.02,  # both rounded
         )
 
 

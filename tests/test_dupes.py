@@ -38,7 +38,7 @@ def test_repeats_are_answered_without_fingerprinting_and_still_counted() -> None
     urls = [f"http://a.test/{i % 5}" for i in range(50)]
     answers = [memo.is_duplicate(Request(u), spider) for u in urls]
     assert answers == [False] * 5 + [True] * 45
-    assert counting.calls == 5 and memo.hits == 45
+    assert counting.calls == 5 and memo.memo.hits == 45
     assert spider.crawler.stats.get_value("dupefilter/filtered") == 45
 
 
@@ -49,11 +49,11 @@ def test_what_the_url_alone_does_not_decide_goes_to_the_dupefilter() -> None:
         memo.is_duplicate(Request("http://a.test/p", method="POST", body=b"x"), spider)
         memo.is_duplicate(Request("http://a.test/g", body=b"x"), spider)
         memo.is_duplicate(Request("http://a.test/v", meta={"verbatim_url": True}), spider)
-    assert counting.calls == 6 and memo.hits == 0
+    assert counting.calls == 6 and memo.memo.hits == 0
     # Canonical twins are the dupefilter's answer, not the memo's.
     assert memo.is_duplicate(Request("http://a.test/q?b=2&a=1"), spider) is False
     assert memo.is_duplicate(Request("http://a.test/q?a=1&b=2"), spider) is True
-    assert memo.hits == 0
+    assert memo.memo.hits == 0
     assert memo.is_duplicate(Request("http://a.test/q?a=1&b=2", dont_filter=True), spider) is False
 
 
@@ -75,10 +75,10 @@ def test_another_dupefilter_or_fingerprinter_is_asked_every_time(setting: str) -
     df = crawler.settings["DUPEFILTER_CLASS"]
     df = (df if isinstance(df, type) else RFPDupeFilter).from_crawler(crawler)
     memo = SeenURLs(df)
-    assert memo.enabled is False
+    assert memo.memo.enabled is False
     answers = [memo.is_duplicate(Request("http://a.test/"), spider) for _ in range(3)]
     expected = [False] * 3 if value is OwnDupeFilter else [False, True, True]
-    assert answers == expected and memo.hits == 0
+    assert answers == expected and memo.memo.hits == 0
 
 
 def test_the_memo_is_bounded_and_forgets_the_oldest() -> None:
@@ -88,5 +88,5 @@ def test_the_memo_is_bounded_and_forgets_the_oldest() -> None:
         memo.is_duplicate(Request(f"http://a.test/{u}"), spider)
     assert len(memo.memo) == 3
     assert memo.is_duplicate(Request("http://a.test/a"), spider) is True  # from the dupefilter
-    assert counting.calls == 5 and memo.hits == 0
-    assert memo.is_duplicate(Request("http://a.test/d"), spider) is True and memo.hits == 1
+    assert counting.calls == 5 and memo.memo.hits == 0
+    assert memo.is_duplicate(Request("http://a.test/d"), spider) is True and memo.memo.hits == 1

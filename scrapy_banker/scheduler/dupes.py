@@ -65,7 +65,8 @@ class URLMemo:
     def __len__(self) -> int:
         return len(self._urls)
 
-    def __contains__(self, key: str) -> bool:
+    def known(self, key: str) -> bool:
+        """Is ``key`` a known duplicate?  (Counted in :attr:`hits` when it is.)"""
         if key in self._urls:
             self.hits += 1
             return True
@@ -87,21 +88,13 @@ class SeenURLs:
         self.df = dupefilter
         self.memo = URLMemo(_fingerprints_by_url(dupefilter), size)
 
-    @property
-    def enabled(self) -> bool:
-        return self.memo.enabled
-
-    @property
-    def hits(self) -> int:
-        return self.memo.hits
-
     def is_duplicate(self, request: Request, spider: Spider | None) -> bool:
         """Scrapy's dupefilter check (``request_seen``, then ``log``), with the memo first."""
         if request.dont_filter:
             return False
         memo = self.memo
         key = memo.key(request)
-        if key is not None and key in memo:
+        if key is not None and memo.known(key):
             self.df.log(request, spider)  # type: ignore[arg-type]
             return True
         seen = self.df.request_seen(request)

@@ -200,7 +200,7 @@ class MemoryStore:
             if unsaved:
                 self.parts.stats.set_value("banker/jobdir/unserializable", unsaved)
             logger.info("Saved %d pending requests to %s", len(state.live), jobdir.path)
-        self.parts.stats.set_value("banker/dupes/memo_hits", self.seen.hits)
+        self.parts.stats.set_value("banker/dupes/memo_hits", self.seen.memo.hits)
         if self.feeds.syncs:
             self.parts.stats.set_value("banker/jobdir/feed_syncs", self.feeds.syncs)
         return self.df.close(reason)

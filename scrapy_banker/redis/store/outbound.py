@@ -85,7 +85,7 @@ class Outbound:
             return False
         memo = self._memo
         key = memo.key(request)
-        if key is not None and key in memo:
+        if key is not None and memo.known(key):
             self._count_cached()
             return True
         if self._fingerprinter.fingerprint(request).hex() in self.worker.seen:

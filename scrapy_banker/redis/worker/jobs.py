@@ -448,7 +448,7 @@ class Popper:
         # busy here anyway), then the longest backlogs (the census of the
         # last pops): the long pole's requests are leased before the rest.
         # One it holds enough of is left alone.
-        queued = hints.queued
+        queued = state.queued
         order.sort(key=lambda p: (p not in held, -queued.get(p, 0)))
         counts: dict[int, int] = {}
         total = 0
@@ -462,6 +462,7 @@ class Popper:
         if not counts:
             return 0
         got = 0
+        counted: dict[int, int] = {}
         candidates = list(counts)
         frontier, node, counters = self.link.frontier, self.link.node, state.counters
         adopted = ownership.adopted
@@ -475,7 +476,7 @@ class Popper:
                 chunk, node, self.pop_per_partition, counts=counts, read_hosts=new
             )
             self.adopt(result.hosts, chunk)
-            queued.update(result.queued)
+            counted.update(result.queued)
             for p in result.empty:
                 nonempty.discard(p)
                 busy_until.pop(p, None)
@@ -495,7 +496,8 @@ class Popper:
             got += len(result.leased)
             if got >= signals.want:
                 break
-        state.queued = {p: n for p, n in queued.items() if n and p in owned}
+        if counted:
+            state.queued = {p: n for p, n in {**queued, **counted}.items() if n and p in owned}
         if got:
             signals.drained_since = None
             signals.want = max(0, signals.want - got)

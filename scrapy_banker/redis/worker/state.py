@@ -266,9 +266,6 @@ class WorkHints:
         self.next_full_scan = 0.0
         #: Where the next full scan starts among the partitions without known work.
         self.cursor = 0
-        #: Partition -> requests still queued there at its last pop (the
-        #: census the pops read back): the longest backlog is leased first.
-        self.queued: dict[int, int] = {}
 
     def scan_soon(self) -> None:
         """Work may be anywhere (requeued by the reaper): the next pop scans everything."""
@@ -395,8 +392,9 @@ class WorkerState:
         #: Leased requests for the scheduler; deque appends and pops are thread-safe.
         self.inbound: deque[Leased] = deque()
         #: Owned partition -> requests still queued there in Redis at its last
-        #: pop (nonzero only), for the scheduler's long-pole pacing: the
-        #: worker thread replaces it whole, so a read is atomic.
+        #: pop (nonzero only): the pops lease the longest first, and the
+        #: scheduler's long-pole pacing counts them.  The worker thread
+        #: replaces it whole, so a read is atomic.
         self.queued: Mapping[int, int] = {}
         #: (partition, epoch, host -> state JSON) read from Redis when this node
         #: took a partition over, each appended before the partition's first

@@ -8,7 +8,10 @@ from scrapy_banker.core.pacing import Pacer, PacerConfig
 
 
 def _warm(pacer: Pacer, cpu_per_response: float, slot: str = "x", latency: float = 0.1) -> float:
-    """Feed one window of responses costing ``cpu_per_response`` each; returns the CPU clock."""
+    """Feed one window of responses costing ``cpu_per_response`` each; returns the CPU clock.
+
+    Refreshing at that clock's value as the time means one CPU fully used since.
+    """
     pacer.refresh(0.0, 0.0, {}, 0, lambda s: 4)  # the CPU mark
     for _ in range(pacer.config.cpu_window):
         pacer.response(slot, latency)
@@ -20,8 +23,8 @@ def test_the_long_pole_is_critical_when_it_outlasts_the_cpu_work() -> None:
     cpu = _warm(pacer, 0.02, "pole", 0.125)
     # 800 pending in all at 20 ms: 16 s of CPU.  The pole: 700 x 125 ms / 4 = 21.9 s.
     backlog = {"pole": 700, "mid": 80, "small": 20}
-    critical = pacer.refresh(1.0, cpu, backlog, 800, lambda s: 4)
-    assert critical == {"pole"}
+    critical = pacer.refresh(cpu, cpu, backlog, 800, lambda s: 4)
+    assert critical == {"pole"} and pacer.saturated
     assert pacer.cpu_left_s == pytest.approx(16.0)
     assert pacer.pole_s == pytest.approx(21.875)
     # Held only while the scraper is saturated.
@@ -35,18 +38,34 @@ def test_a_spaced_host_is_timed_by_its_interval() -> None:
     # by its latency alone (40 x 0.1 / 4 = 1 s) it would not be critical.
     backlog = {"big": 300, "slow": 40, "small": 60}  # big: 300 x 0.1 / 4 = 7.5 s
     intervals = {"slow": 0.5}
-    critical = pacer.refresh(1.0, cpu, backlog, 800, lambda s: 4, lambda s: intervals.get(s, 0.0))
+    critical = pacer.refresh(cpu, cpu, backlog, 800, lambda s: 4, lambda s: intervals.get(s, 0.0))
     assert critical == {"slow"}
     assert pacer.pole_s == pytest.approx(20.0)
-    assert pacer.refresh(2.0, cpu, backlog, 800, lambda s: 4) == frozenset()
+    assert pacer.refresh(2 * cpu, 2 * cpu, backlog, 800, lambda s: 4) == frozenset()
 
 
 def test_no_host_is_critical_when_cpu_decides_the_end() -> None:
     pacer = Pacer(PacerConfig(theta=0.5))
     cpu = _warm(pacer, 0.02)
     backlog = {f"h{i}": 30 for i in range(100)}  # 3,000 pending: 60 s of CPU, poles 0.75 s
-    assert pacer.refresh(1.0, cpu, backlog, 3000, lambda s: 4) == frozenset()
+    assert pacer.refresh(cpu, cpu, backlog, 3000, lambda s: 4) == frozenset()
     assert pacer.hold(100) is False
+
+
+def test_nothing_is_held_while_the_cpu_keeps_up() -> None:
+    # The pole of the first test, but the process used 40 % of a CPU over the
+    # window (a crawl of slow or rate-limited hosts): a busy scraper is not a
+    # saturated CPU, so no host is favoured and none held.
+    pacer = Pacer(PacerConfig(theta=0.5, saturation=0.8))
+    cpu = _warm(pacer, 0.02, "pole", 0.125)
+    backlog = {"pole": 700, "mid": 80, "small": 20}
+    assert pacer.refresh(cpu / 0.4, cpu, backlog, 800, lambda s: 4) == frozenset()
+    assert pacer.critical == {"pole"} and pacer.cpu_share == pytest.approx(0.4)
+    assert not pacer.saturated and pacer.hold(100) is False
+    # Saturated over the next window (0.45 s of CPU in 0.5 s): held again.
+    now = cpu / 0.4 + 0.5
+    assert pacer.refresh(now, cpu + 0.45, backlog, 800, lambda s: 4) == {"pole"}
+    assert pacer.cpu_share == pytest.approx(0.9) and pacer.hold(2) is True
 
 
 def test_nothing_is_critical_before_the_cpu_cost_is_measured() -> None:
@@ -72,3 +91,5 @@ def test_bad_constants_are_refused() -> None:
         PacerConfig(backlog=0)
     with pytest.raises(ValueError, match="theta"):
         PacerConfig(theta=0)
+    with pytest.raises(ValueError, match="saturation"):
+        PacerConfig(saturation=1.5)

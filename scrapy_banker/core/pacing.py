@@ -19,15 +19,23 @@ The pacer estimates, every ``refresh_s``:
   interval where the host spaces its requests (Crawl-delay, a learned rate)
   and that is longer;
 
+* whether the CPU is saturated: the process used at least ``saturation``
+  of a CPU since the last estimate;
+
 and calls *critical* the hosts whose remaining politeness time is at least
 ``theta`` x the CPU still to be spent: hosts that will decide the end unless
-they are served at their limit from now on.  While a critical host exists
-and the scraper already holds ``backlog`` or more responses (the CPU is
-saturated: more downloads would only wait), the scheduler dispatches only
+they are served at their limit from now on.  While the CPU is saturated, a
+critical host exists and the scraper already holds ``backlog`` or more
+responses (more downloads would only wait), the scheduler dispatches only
 critical hosts' requests; other hosts wait for the backlog to drain, which
 keeps the reactor's queue short so the long pole's responses are read and
-its slots refilled at once.  Nothing changes while the CPU keeps up (the
-backlog stays under the threshold) or when no host is critical.
+its slots refilled at once.  Nothing changes while the CPU keeps up or when
+no host is critical.
+
+Saturation is measured, not inferred from the scraper's backlog alone: a
+crawl of many slow or rate-limited hosts keeps a few responses in the
+scraper at all times with the CPU a third busy, and holding its ordinary
+hosts there only delays the ones whose limits are not known yet.
 
 Pure: no Scrapy, Twisted or clock reads; the adapter passes times, CPU
 seconds and the frontier's backlog in.
@@ -57,12 +65,16 @@ class PacerConfig:
     default_latency_s: float = 0.1
     #: Responses between two estimates of the CPU per response.
     cpu_window: int = 20
+    #: Share of one CPU used since the last estimate from which the CPU counts as saturated.
+    saturation: float = 0.8
 
     def __post_init__(self) -> None:
         if self.backlog < 1:
             raise ValueError(f"backlog must be >= 1, got {self.backlog!r}")
         if not self.theta > 0:
             raise ValueError(f"theta must be > 0, got {self.theta!r}")
+        if not 0 < self.saturation <= 1:
+            raise ValueError(f"saturation must be in (0, 1], got {self.saturation!r}")
 
 
 def _unspaced(slot: str) -> float:
@@ -81,6 +93,10 @@ class Pacer:
         self.cpu_per_response: float | None = None
         self._cpu_mark: tuple[float, int] | None = None
         self._next_refresh = 0.0
+        #: (time, CPU seconds) of the last estimate, for the CPU's share since.
+        self._last: tuple[float, float] | None = None
+        #: Share of one CPU the process used between the last two estimates.
+        self.cpu_share = 0.0
         #: The last estimates, for telemetry: CPU still to spend, the longest pole.
         self.cpu_left_s = 0.0
         self.pole_s = 0.0
@@ -107,9 +123,15 @@ class Pacer:
         interval: Callable[[str], float] | None = None,
     ) -> frozenset[str]:
         """Re-estimate; ``backlog``: requests queued per slot, ``pending``: all of them;
-        ``interval``: the least seconds between two requests of a slot (0: none)."""
+        ``interval``: the least seconds between two requests of a slot (0: none).
+
+        Returns the critical slots while the CPU is saturated, else nothing
+        (what the downloader should favour now)."""
         cfg = self.config
         self._next_refresh = now + cfg.refresh_s
+        last, self._last = self._last, (now, cpu_s)
+        if last is not None and now > last[0]:
+            self.cpu_share = (cpu_s - last[1]) / (now - last[0])
         self._measure_cpu(cpu_s)
         per = self.cpu_per_response
         if per is None or not backlog:
@@ -126,7 +148,12 @@ class Pacer:
         self.pole_s = max(poles.values())
         floor = cfg.theta * cpu_left
         self.critical = frozenset(s for s, left in poles.items() if left >= floor)
-        return self.critical
+        return self.critical if self.saturated else frozenset()
+
+    @property
+    def saturated(self) -> bool:
+        """Did the process use ``saturation`` of a CPU or more since the last estimate?"""
+        return self.cpu_share >= self.config.saturation
 
     def _measure_cpu(self, cpu_s: float) -> None:
         mark = self._cpu_mark
@@ -144,4 +171,6 @@ class Pacer:
 
     def hold(self, scraper_backlog: int) -> bool:
         """Dispatch only critical hosts now?"""
-        return bool(self.critical) and scraper_backlog >= self.config.backlog
+        return (
+            bool(self.critical) and self.saturated and scraper_backlog >= self.config.backlog
+        )

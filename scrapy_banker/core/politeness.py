@@ -161,11 +161,11 @@ RATE_DECAY = 0.95
 #: refused at; that floor itself shrinks by :data:`FLOOR_DECAY` per answer,
 #: so a host that raises its limit is found out, slowly.
 RATE_MARGIN = 1.1
-FLOOR_DECAY = 0.998
+FLOOR_DECAY = 0.9995
 
 #: The fastest a 429's estimate of a host's interval is taken to be wrong by:
 #: the learned interval never shrinks below this share of it.
-RATE_SLACK = 0.8
+RATE_SLACK = 0.85
 
 #: Each host's last answers are remembered, at most this many, none older
 #: than :data:`RATE_WINDOW_S`: what a 429 measures the host's rate with.

@@ -20,7 +20,9 @@ The pacer estimates, every ``refresh_s``:
   and that is longer;
 
 * whether the CPU is saturated: the process used at least ``saturation``
-  of a CPU since the last estimate;
+  of a CPU since the last estimate, or the machine's CPUs were at least
+  that busy (the process then waits for a core: workers of a fleet
+  sharing a machine each get less than a CPU and are all behind);
 
 and calls *critical* the hosts whose remaining politeness time is at least
 ``theta`` x the CPU still to be spent: hosts that will decide the end unless
@@ -97,6 +99,8 @@ class Pacer:
         self._last: tuple[float, float] | None = None
         #: Share of one CPU the process used between the last two estimates.
         self.cpu_share = 0.0
+        #: Share of the machine's CPUs busy between them (0 when not known).
+        self.machine_busy = 0.0
         #: The last estimates, for telemetry: CPU still to spend, the longest pole.
         self.cpu_left_s = 0.0
         self.pole_s = 0.0
@@ -121,9 +125,12 @@ class Pacer:
         pending: int,
         concurrency: Callable[[str], int],
         interval: Callable[[str], float] | None = None,
+        machine_busy: float | None = None,
     ) -> frozenset[str]:
         """Re-estimate; ``backlog``: requests queued per slot, ``pending``: all of them;
-        ``interval``: the least seconds between two requests of a slot (0: none).
+        ``interval``: the least seconds between two requests of a slot (0: none);
+        ``machine_busy``: the share of the machine's CPUs busy since the last
+        estimate (None: not known).
 
         Returns the critical slots while the CPU is saturated, else nothing
         (what the downloader should favour now)."""
@@ -132,6 +139,7 @@ class Pacer:
         last, self._last = self._last, (now, cpu_s)
         if last is not None and now > last[0]:
             self.cpu_share = (cpu_s - last[1]) / (now - last[0])
+        self.machine_busy = machine_busy or 0.0
         self._measure_cpu(cpu_s)
         per = self.cpu_per_response
         if per is None or not backlog:
@@ -152,8 +160,8 @@ class Pacer:
 
     @property
     def saturated(self) -> bool:
-        """Did the process use ``saturation`` of a CPU or more since the last estimate?"""
-        return self.cpu_share >= self.config.saturation
+        """Was the process, or the machine, ``saturation`` busy or more since the last estimate?"""
+        return max(self.cpu_share, self.machine_busy) >= self.config.saturation
 
     def _measure_cpu(self, cpu_s: float) -> None:
         mark = self._cpu_mark
@@ -171,6 +179,4 @@ class Pacer:
 
     def hold(self, scraper_backlog: int) -> bool:
         """Dispatch only critical hosts now?"""
-        return (
-            bool(self.critical) and self.saturated and scraper_backlog >= self.config.backlog
-        )
+        return bool(self.critical) and self.saturated and scraper_backlog >= self.config.backlog

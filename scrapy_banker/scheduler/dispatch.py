@@ -25,7 +25,48 @@ if TYPE_CHECKING:
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.scheduler.seams import RequestStore, SchedulerParts
 
-__all__ = ["Dispatcher"]
+__all__ = ["Dispatcher", "MachineLoad"]
+
+
+class MachineLoad:
+    """How busy the machine's CPUs were between two reads (``/proc/stat``; None elsewhere).
+
+    A process that gets less than a CPU because every core is taken is as
+    far behind as one that uses a whole CPU: the pacer counts both as
+    saturated.  Read where it exists (Linux); on other systems the pacer
+    goes by its own process's CPU alone.
+    """
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self.path = path
+        self._last: tuple[int, int] | None = None
+        self.available = True
+
+    def _read(self) -> tuple[int, int] | None:
+        try:
+            with open(self.path, "rb") as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if len(fields) < 5 or fields[0] != b"cpu":
+            return None
+        # user nice system idle iowait irq softirq steal (guest is within user)
+        ticks = [int(x) for x in fields[1:9]]
+        return sum(ticks), ticks[3] + ticks[4]
+
+    def busy(self) -> float | None:
+        """Share of all CPUs busy since the previous call; None on the first or if unknown."""
+        if not self.available:
+            return None
+        now = self._read()
+        if now is None:
+            self.available = False
+            return None
+        last, self._last = self._last, now
+        if last is None or now[0] <= last[0]:
+            return None
+        total, idle = now[0] - last[0], now[1] - last[1]
+        return max(0.0, min(1.0, (total - idle) / total))
 
 
 class Dispatcher:
@@ -40,6 +81,7 @@ class Dispatcher:
         )
         #: Pops narrowed to the critical slots by the pacer.
         self.paced = 0
+        self.load = MachineLoad()
 
     def pop(self, now: float) -> Entry[Request] | None:
         parts, store = self.parts, self.store
@@ -59,7 +101,7 @@ class Dispatcher:
                     pending += sum(elsewhere.values())
                 downloader.priority_slots = pacer.refresh(
                     now, time.process_time(), backlog, pending,
-                    downloader.concurrency, parts.politeness.interval,
+                    downloader.concurrency, parts.politeness.interval, self.load.busy(),
                 )  # fmt: skip
             if pacer.hold(scraper_backlog(parts.crawler)):
                 critical = pacer.critical

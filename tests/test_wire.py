@@ -54,10 +54,27 @@ INTERVAL = 0.2  # seconds between two requests of a host with a Crawl-delay (rea
 
 
 class Clock:
-    """The gate's wall clock, moved by hand."""
+    """The gate's wall clock, moved by hand; after :meth:`run`, it also runs as time does.
+
+    A test whose requests wait at the wire runs it: the wire gate waits on
+    the reactor's timers, then asks the gate's clock whether the host's
+    interval has passed.
+    """
 
     def __init__(self) -> None:
-        self.now = T0
+        self._offset = T0
+        self._running = False
+
+    def run(self) -> None:
+        self._offset, self._running = self.now - time.monotonic(), True
+
+    @property
+    def now(self) -> float:
+        return time.monotonic() + self._offset if self._running else self._offset
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self._offset = value - time.monotonic() if self._running else value
 
     def __call__(self) -> float:
         return self.now
@@ -238,7 +255,8 @@ def test_before_the_scheduler_runs_nothing_is_checked_and_it_is_looked_up_again(
 
 @pytest_twisted.ensureDeferred
 async def test_a_host_with_an_interval_has_its_requests_spaced_by_it_at_the_wire() -> None:
-    mw, gate, _ = _setup()
+    mw, gate, clock = _setup()
+    clock.run()
     gate.politeness.crawl_delay("a.test", INTERVAL)
     assert mw.process_request(_req("http://a.test/0")) is None  # wraps the handlers
     handlers = _handlers(mw)
@@ -268,6 +286,7 @@ async def test_a_host_that_blocks_during_the_interval_wait_holds_the_request_bac
     from twisted.internet import reactor
 
     mw, gate, clock = _setup()
+    clock.run()
     gate.politeness.crawl_delay("a.test", INTERVAL)
     assert mw.process_request(_req("http://a.test/0")) is None
     handlers = _handlers(mw)
@@ -320,6 +339,7 @@ async def test_the_handlers_are_wrapped_once_however_many_requests_pass() -> Non
 @pytest_twisted.ensureDeferred
 async def test_scrapy_2_13_handlers_are_wrapped_too_and_space_and_hold_back_alike() -> None:
     mw, gate, clock = _setup(handlers=SyncHandlers())
+    clock.run()
     gate.politeness.crawl_delay("a.test", INTERVAL)
     assert mw.process_request(_req("http://a.test/0")) is None
     assert mw.wrapped
@@ -340,6 +360,28 @@ async def test_scrapy_2_13_handlers_are_wrapped_too_and_space_and_hold_back_alik
     with pytest.raises(HeldBack):
         handlers.download_request(_req("http://a.test/3"), spider)
     assert handlers.sent == ["http://a.test/1", "http://a.test/2"]
+
+
+def test_an_interval_runs_from_when_the_previous_request_actually_left() -> None:
+    mw, gate, clock = _setup()
+    gate.politeness.crawl_delay("a.test", 5.0)
+    r1, r2, r3 = (_req(f"http://a.test/{i}") for i in (1, 2, 3))
+    assert gate.at_wire(r1) == 0.0 and gate.on_wire(r1) == 0.0  # left at T0
+    # Two more leave their slot's queue at once: reserved at T0 + 5 and T0 + 10.
+    assert gate.at_wire(r2) == pytest.approx(5.0)
+    assert gate.at_wire(r3) == pytest.approx(10.0)
+    # r2's timer fires 0.3 s late (a busy reactor): it leaves at T0 + 5.3...
+    clock.now = T0 + 5.3
+    assert gate.on_wire(r2) == 0.0
+    # ...so r3, on time at T0 + 10, waits until T0 + 10.3: 5 s after r2 reached the server.
+    clock.now = T0 + 10.0
+    assert gate.on_wire(r3) == pytest.approx(0.3)
+    clock.now = T0 + 10.3
+    assert gate.on_wire(r3) == 0.0
+    assert mw.crawler.stats.get_value("banker/pushback/respaced_at_wire") == 1  # type: ignore[union-attr]
+    # The next reservation starts from the last actual departure.
+    assert gate.at_wire(_req("http://a.test/4")) == pytest.approx(5.0)
+    assert gate.on_wire(_req("http://b.test/1", "b.test")) == 0.0  # no interval: nothing kept
 
 
 def test_a_downloader_without_either_handler_method_leaves_the_middleware_last() -> None:

@@ -152,6 +152,9 @@ class PolitenessGate:
         self._recorded: dict[int, HostState] = {}
         #: Slot -> when its last request went to the wire (:meth:`at_wire`).
         self._wire: dict[str, float] = {}
+        #: Slot -> when its last request was handed to the download handler
+        #: (:meth:`on_wire`): what a server measures, even if a timer fired late.
+        self._sent: dict[str, float] = {}
 
     # -- the gate --------------------------------------------------------------------
 
@@ -313,6 +316,33 @@ class PolitenessGate:
         if at > now:
             self.stats.inc_value("banker/pushback/spaced_at_wire")
         return at - now
+
+    def on_wire(self, request: Request, floor: float = 0.0) -> float:
+        """``request`` is about to be sent, its :meth:`at_wire` wait over: seconds more to wait.
+
+        0 when its host's previous request went out an interval ago or more
+        (this one is then recorded as the host's last); else what is left
+        of that interval.  A reserved moment is only a timer: when the
+        reactor is busy the previous request may have left late, and the
+        next one, on time, would reach the server less than an interval
+        after it.  Call again after waiting what it returns.
+        """
+        slot = request.meta.get(META_SLOT)
+        if not self.enabled or slot is None:
+            return 0.0
+        state = self.politeness.hosts.get(slot)
+        interval = max(floor, 0.0 if state is None else state.interval)
+        if not interval:
+            return 0.0
+        now = self.clock()
+        left = self._sent.get(slot, -math.inf) + interval - now
+        if left > 0:
+            self.stats.inc_value("banker/pushback/respaced_at_wire")
+            return left
+        self._sent[slot] = now
+        if now > self._wire.get(slot, 0.0):
+            self._wire[slot] = now
+        return 0.0
 
     def held_back(self, request: Request) -> Request:
         """The copy to put back of a request taken out of its slot's queue (:class:`HeldBack`)."""

@@ -23,7 +23,9 @@ What is checked:
   <scrapy_banker.scheduler.politeness_gate.PolitenessGate.at_wire>`): a host
   blocked now puts the request back (:class:`~scrapy_banker.scheduler.politeness_gate.HeldBack`),
   and a host with an interval (Crawl-delay, AutoThrottle) has its requests
-  spaced by it at the wire, where a server measures it;
+  spaced by it at the wire, where a server measures it -- from the moment
+  the previous one actually left, not the moment reserved for it, which a
+  busy reactor's timer may overrun;
 * **the store's own check**, if it has one (``store.features.fence``, a
   :class:`~scrapy_banker.scheduler.seams.WireCheck`): a fleet worker's lease
   (:class:`~scrapy_banker.redis.store.lease_fence.LeaseFence`), given back when it
@@ -36,6 +38,7 @@ It does nothing for requests the scheduler did not hand out
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import IgnoreRequest
@@ -135,6 +138,26 @@ class WireGateMiddleware:
             return 0.0
         return gate.at_wire(request, 0.0 if control is None else control.delay(request))
 
+    def _settle(self, request: Request) -> float:
+        """0 and recorded as sent, or more to wait: an earlier request of its host left late."""
+        gate, control = self._gate, self._control
+        if gate is None:
+            return 0.0
+        return gate.on_wire(request, 0.0 if control is None else control.delay(request))
+
+    def _when_due(self, wait: float, request: Request, where: str, send: Callable[[], Any]) -> Any:
+        """``send()`` once ``wait`` is over and :meth:`_settle` finds the host's interval passed."""
+        if wait <= 0:
+            wait = self._settle(request)
+            if wait <= 0:
+                return send()
+
+        def again(_: object) -> Any:
+            self._now(request, where)
+            return self._when_due(0.0, request, where, send)
+
+        return later(wait).addCallback(again)
+
     def _wrap_handlers(self) -> None:
         """Check again in the download handlers, after the slot's queue."""
         downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
@@ -148,10 +171,13 @@ class WireGateMiddleware:
             async def download_request_async(request: Request) -> Any:
                 self._now(request, where)
                 wait = self._wait(request)
-                if wait > 0:
-                    await maybe_deferred_to_future(later(wait))
-                    self._now(request, where)
-                return await original_async(request)
+                while True:
+                    if wait > 0:
+                        await maybe_deferred_to_future(later(wait))
+                        self._now(request, where)
+                    wait = self._settle(request)
+                    if wait <= 0:
+                        return await original_async(request)
 
             handlers.download_request_async = download_request_async
             self.wrapped = True
@@ -160,15 +186,9 @@ class WireGateMiddleware:
 
             def download_request(request: Request, spider: Spider) -> Any:
                 self._now(request, where)
-                wait = self._wait(request)
-                if wait <= 0:
-                    return original(request, spider)
-
-                def send(_: object) -> Any:
-                    self._now(request, where)
-                    return original(request, spider)
-
-                return later(wait).addCallback(send)
+                return self._when_due(
+                    self._wait(request), request, where, lambda: original(request, spider)
+                )
 
             handlers.download_request = download_request
             self.wrapped = True

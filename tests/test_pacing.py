@@ -93,3 +93,24 @@ def test_bad_constants_are_refused() -> None:
         PacerConfig(theta=0)
     with pytest.raises(ValueError, match="saturation"):
         PacerConfig(saturation=1.5)
+
+
+def test_a_crawl_bound_by_its_downloader_counts_the_downloaders_time_left() -> None:
+    # 60 hosts of 30 pages at 100 ms, one request each at a time, 16 at once in
+    # all: the downloader needs 1,800 x 0.1 / 16 = 11.25 s, the CPU (at 3 ms a
+    # page) only 5.4 s.  A host's 3 s is not a long pole then.
+    pacer = Pacer(PacerConfig(theta=0.5))
+    cpu = _warm(pacer, 0.003, "h0", 0.1)
+    backlog = {f"h{i}": 30 for i in range(60)}
+    assert pacer.refresh(cpu, cpu, backlog, 1800, lambda s: 1) == {f"h{i}" for i in range(60)}
+    assert pacer.cpu_left_s == pytest.approx(5.4)
+    pacer = Pacer(PacerConfig(theta=0.5))
+    cpu = _warm(pacer, 0.003, "h0", 0.1)
+    critical = pacer.refresh(cpu, cpu, backlog, 1800, lambda s: 1, total_concurrency=16)
+    assert critical == frozenset() and pacer.cpu_left_s == pytest.approx(11.25)
+    # A host spaced by a Crawl-delay of 0.5 s is still one: 15 s.
+    critical = pacer.refresh(
+        2 * cpu, 2 * cpu, backlog, 1800, lambda s: 1,
+        lambda s: 0.5 if s == "h7" else 0.0, total_concurrency=16,
+    )  # fmt: skip
+    assert critical == {"h7"}

@@ -102,6 +102,7 @@ class Dispatcher:
                 downloader.priority_slots = pacer.refresh(
                     now, time.process_time(), backlog, pending,
                     downloader.concurrency, parts.politeness.interval, self.load.busy(),
+                    downloader.total_concurrency,
                 )  # fmt: skip
             if pacer.hold(scraper_backlog(parts.crawler)):
                 critical = pacer.critical

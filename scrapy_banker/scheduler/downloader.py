@@ -114,6 +114,11 @@ class DownloaderView:
             and not slot.queue
         )
 
+    @property
+    def total_concurrency(self) -> int:
+        """Requests the downloader transfers at once (``CONCURRENT_REQUESTS``; 0 without one)."""
+        return self._total
+
     def concurrency(self, slot_key: str) -> int:
         """Requests the slot may transfer at once (its own, or what it will get)."""
         dl = self.downloader

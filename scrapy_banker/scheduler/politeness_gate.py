@@ -327,14 +327,11 @@ class PolitenessGate:
         next one, on time, would reach the server less than an interval
         after it.  Call again after waiting what it returns.
         """
-        slot = request.meta.get(META_SLOT)
-        if not self.enabled or slot is None:
-            return 0.0
-        state = self.politeness.hosts.get(slot)
+        state = self.check_blocked(request)  # the caller just checked: it cannot raise here
         interval = max(floor, 0.0 if state is None else state.interval)
         if not interval:
             return 0.0
-        now = self.clock()
+        slot, now = request.meta[META_SLOT], self.clock()
         left = self._sent.get(slot, -math.inf) + interval - now
         if left > 0:
             self.stats.inc_value("banker/pushback/respaced_at_wire")

@@ -132,18 +132,19 @@ class WireGateMiddleware:
         if self._gate is not None:
             self._gate.check_blocked(request)
 
+    def _floor(self, request: Request) -> float:
+        """The operator's delay for ``request``'s host: the least interval whatever its own."""
+        control = self._control
+        return 0.0 if control is None else control.delay(request)
+
     def _wait(self, request: Request) -> float:
-        gate, control = self._gate, self._control
-        if gate is None:
-            return 0.0
-        return gate.at_wire(request, 0.0 if control is None else control.delay(request))
+        gate = self._gate
+        return 0.0 if gate is None else gate.at_wire(request, self._floor(request))
 
     def _settle(self, request: Request) -> float:
         """0 and recorded as sent, or more to wait: an earlier request of its host left late."""
-        gate, control = self._gate, self._control
-        if gate is None:
-            return 0.0
-        return gate.on_wire(request, 0.0 if control is None else control.delay(request))
+        gate = self._gate
+        return 0.0 if gate is None else gate.on_wire(request, self._floor(request))
 
     def _when_due(self, wait: float, request: Request, where: str, send: Callable[[], Any]) -> Any:
         """``send()`` once ``wait`` is over and :meth:`_settle` finds the host's interval passed."""

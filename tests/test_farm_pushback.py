@@ -204,6 +204,25 @@ def test_a_request_received_before_the_429_left_is_refused_but_no_violation() ->
     assert tracker.refused == {host: 5}
 
 
+def test_a_retry_after_violation_names_who_was_told_when_and_who_sent_it() -> None:
+    model, tracker = _tracker(rate_limits={1: RateLimit(requests=1, window_s=3.0)})
+    host = model.host_name(1)
+    assert tracker.receive(host, "/", 0.0, wall=100.0, node="w0") is None
+    refusal = tracker.receive(host, "/a", 1.0, wall=101.0, reply_s=0.02, node="w0")
+    assert refusal is not None and refusal.retry_after == "2"
+    assert tracker.receive(host, "/b", 2.0, wall=102.0, node="w1") is not None
+    (event,) = tracker.stats()["violations"]
+    assert event["kind"] == "retry_after" and event["node"] == "w1"
+    assert event["announced_to"] == "w0"
+    assert event["announced_wall"] == pytest.approx(101.02)
+    assert event["early_s"] == pytest.approx(1.0)
+    # The period over, the next one is announced afresh.
+    assert tracker.receive(host, "/c", 3.5, wall=103.5, node="w1") is None
+    assert tracker.receive(host, "/d", 3.6, wall=103.6, node="w1") is not None
+    tracker.receive(host, "/e", 4.0, wall=104.0, node="w2")
+    assert tracker.stats()["violations"][-1]["announced_to"] == "w1"
+
+
 def test_minimum_gap_and_a_fixed_announced_period() -> None:
     model, tracker = _tracker(rate_limits={2: RateLimit(window_s=0.5, retry_after_s=5)})
     host = model.host_name(2)

@@ -303,7 +303,10 @@ class Refusal:
 
 
 class _State:
-    __slots__ = ("announced", "count", "last_start", "refused", "until", "until_date", "window")
+    __slots__ = (
+        "announced", "announced_to", "announced_wall", "count", "last_start", "refused",
+        "until", "until_date", "window",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         #: Requests received (robots.txt excluded), for count-mode bursts.
@@ -316,6 +319,10 @@ class _State:
         #: When the 429 announcing it left the host (``now`` units): requests
         #: received before were sent before the crawler could know.
         self.announced: float | None = None
+        #: The same moment in wall-clock time, and the node the 429 went to
+        #: (None: not told): a report can then say which crawler was told.
+        self.announced_wall: float | None = None
+        self.announced_to: str | None = None
         #: Paths refused during the period: one sent again inside it is the
         #: crawler retrying what it was refused -- never a race.
         self.refused: set[str] = set()
@@ -364,7 +371,13 @@ class PushbackTracker:
         return self._specs[host]
 
     def receive(
-        self, host: str, path: str, now: float, wall: float | None = None, reply_s: float = 0.0
+        self,
+        host: str,
+        path: str,
+        now: float,
+        wall: float | None = None,
+        reply_s: float = 0.0,
+        node: str | None = None,
     ) -> Refusal | None:
         """Account one request received at ``now``; a :class:`Refusal` or None (serve it).
 
@@ -372,7 +385,10 @@ class PushbackTracker:
         announces a Retry-After period is known to the crawler only once it
         left, so a request received before then -- sent while the crawler
         could not know, e.g. the second of two in flight -- is refused with
-        the rest of the period but is no Retry-After violation.
+        the rest of the period but is no Retry-After violation.  ``node`` is
+        the crawler node that sent it, when it says (``X-Banker-Node``): a
+        Retry-After violation's report names the node that sent it and the
+        node the period was announced to, and when.
         """
         if self._origin is None:
             self._origin = now
@@ -391,7 +407,9 @@ class PushbackTracker:
             last = state.last_start
             if last is not None and now - last < CRAWL_DELAY_TOLERANCE * spec.crawl_delay_s:
                 self.crawl_delay_violations[host] = self.crawl_delay_violations.get(host, 0) + 1
-                self._event("crawl_delay", host, path, now, wall, spec.crawl_delay_s - (now - last))
+                self._event(
+                    "crawl_delay", host, path, now, wall, spec.crawl_delay_s - (now - last), node
+                )
             state.last_start = now
         n = state.count
         state.count += 1
@@ -402,7 +420,10 @@ class PushbackTracker:
                 state.refused.add(path)
                 if again or announced is None or now >= announced + REACTION_S:
                     self.retry_after_violations[host] = self.retry_after_violations.get(host, 0) + 1
-                    self._event("retry_after", host, path, now, wall, state.until - now)
+                    self._event(
+                        "retry_after", host, path, now, wall, state.until - now, node,
+                        announced_wall=state.announced_wall, announced_to=state.announced_to,
+                    )  # fmt: skip
                 elif now >= announced:
                     self.retry_after_races[host] = self.retry_after_races.get(host, 0) + 1
                 left = _ceil_s(state.until - now)
@@ -412,7 +433,8 @@ class PushbackTracker:
                     else email.utils.formatdate(state.until_date, usegmt=True)
                 )
                 return self._refuse(host, Refusal(429, "retry_after_period", header, left))
-            state.until = state.until_date = state.announced = None
+            state.until = state.until_date = state.announced = state.announced_wall = None
+            state.announced_to = None
             state.refused.clear()
         if spec.burst is not None and spec.burst.refuses(now - self._origin, n, spec.burst_phase_s):
             return self._refuse(host, Refusal(503, "burst"))
@@ -434,6 +456,8 @@ class PushbackTracker:
         )
         state.until = now + delta
         state.announced = now + reply_s
+        state.announced_wall = (now if wall is None else wall) + reply_s
+        state.announced_to = node
         state.refused.add(path)
         if limit.retry_after == "seconds":
             return self._refuse(host, Refusal(429, "rate_limit", str(delta), delta))
@@ -447,17 +471,28 @@ class PushbackTracker:
         return refusal
 
     def _event(
-        self, kind: str, host: str, path: str, now: float, wall: float | None, early_s: float
+        self,
+        kind: str,
+        host: str,
+        path: str,
+        now: float,
+        wall: float | None,
+        early_s: float,
+        node: str | None,
+        **more: Any,
     ) -> None:
         if len(self.violations) < MAX_EVENTS:
             self.violations.append({
-                "kind": kind, "host": host, "path": path,
-                "wall": now if wall is None else wall, "early_s": round(early_s, 4),
+                "kind": kind, "host": host, "path": path, "node": node,
+                "wall": now if wall is None else wall, "early_s": round(early_s, 4), **more,
             })  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         """Totals and per-host counts (hosts with a zero count are left out), and
-        ``violations``: the first of them, each with its host, path, time and how early."""
+        ``violations``: the first of them, each with its host, path, time, how
+        early and the node that sent it; a Retry-After violation also with
+        when (``announced_wall``) and to which node (``announced_to``) the
+        429 announcing the period left the host."""
         out: dict[str, Any] = {"violations": list(self.violations)}
         for name in ("refused", "retry_after_violations", "retry_after_races",
                      "crawl_delay_violations", "robots_fetches"):  # fmt: skip

@@ -283,7 +283,7 @@ class FarmServer:
                 cfg = self.model.config
                 base = cfg.static_latency_ms.get(hostname, cfg.latency_ms)
             refusal = pushback.receive(
-                hostname, path, time.monotonic(), time.time(), reply_s=base / 1000.0
+                hostname, path, time.monotonic(), time.time(), reply_s=base / 1000.0, node=node
             )
         if refusal is not None:
             retry_after = (

@@ -41,6 +41,7 @@ from twisted.internet import defer
 
 from scrapy_banker.core.directives import ControlState, parse_action
 from scrapy_banker.core.meta import META_SLOT
+from scrapy_banker.core.politeness import HostState
 from scrapy_banker.scheduler import BankerScheduler, running_banker
 from scrapy_banker.scheduler.parts import build
 from scrapy_banker.scheduler.politeness_gate import HeldBack, PolitenessGate
@@ -382,6 +383,24 @@ def test_an_interval_runs_from_when_the_previous_request_actually_left() -> None
     # The next reservation starts from the last actual departure.
     assert gate.at_wire(_req("http://a.test/4")) == pytest.approx(5.0)
     assert gate.on_wire(_req("http://b.test/1", "b.test")) == 0.0  # no interval: nothing kept
+    # The host's state keeps the actual departure: what a fleet hands to the
+    # host's next owner.
+    assert gate.politeness.get("a.test").last_sent == pytest.approx(T0 + 10.3)
+    assert set(gate.politeness.take_sent()) == {"a.test"}
+
+
+def test_a_host_taken_over_is_spaced_from_the_previous_owners_last_departure() -> None:
+    _, gate, clock = _setup()
+    # Another node sent a request of the host 1 s ago (its Crawl-delay is 5 s),
+    # and this node becomes its owner: its first request waits 4 s more, at
+    # dispatch and at the wire alike.
+    gate.adopt({"a.test": HostState(crawl_delay=5.0, last_sent=T0 - 1.0)})
+    assert gate.politeness.ready_at("a.test") == pytest.approx(T0 + 4.0)
+    r1 = _req("http://a.test/1")
+    assert gate.at_wire(r1) == pytest.approx(4.0)
+    assert gate.on_wire(r1) == pytest.approx(4.0)
+    clock.now = T0 + 4.0
+    assert gate.on_wire(r1) == 0.0
 
 
 def test_a_downloader_without_either_handler_method_leaves_the_middleware_last() -> None:

@@ -222,6 +222,9 @@ class Politeness:
         self._rng = rng or random.Random()
         #: Hosts whose state changed since :meth:`take_changed` (to persist or publish).
         self._changed: set[str] = set()
+        #: Hosts whose last request sent moved since :meth:`take_sent` (a fleet
+        #: publishes it with the host; not a change to persist by itself).
+        self._sent: set[str] = set()
         #: Host -> the times of its last answers (:data:`RATE_ANSWERS`, within
         #: :data:`RATE_WINDOW_S`), so that a host's *first* 429 already tells
         #: its rate.  Local to this process (not in the states that travel),
@@ -355,10 +358,21 @@ class Politeness:
         return self.get(host).refusals >= self.config.max_refusals
 
     def sent(self, host: str, now: float) -> None:
-        """A request to the host left (only tracked for hosts with an interval)."""
+        """A request to the host left (only tracked for hosts with an interval).
+
+        Called when it is let go and again when it reaches the wire (later, if
+        it waited in a queue or a timer fired late): the last is what a server
+        measures the next interval from.  Never moves back.
+        """
         state = self.hosts.get(host)
-        if state is not None and state.interval:
+        if state is not None and state.interval and now > state.last_sent:
             self.hosts[host] = replace(state, last_sent=now)
+            self._sent.add(host)
+
+    def take_sent(self) -> dict[str, HostState]:
+        """States of the hosts a request was sent to since the last call, and forget them."""
+        sent, self._sent = self._sent, set()
+        return {h: self.get(h) for h in sent}
 
     def crawl_delay(self, host: str, seconds: float | None) -> None:
         """robots.txt's Crawl-delay for the host (None or 0: none), capped."""

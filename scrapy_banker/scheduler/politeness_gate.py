@@ -204,12 +204,20 @@ class PolitenessGate:
         Merged with what this node knows of each host (:meth:`HostState.merged
         <scrapy_banker.core.politeness.HostState.merged>`): a refusal it got
         moments ago may not be in the state it reads.  Not reported back by
-        ``take_changed``: the states came from where they are kept.
+        ``take_changed``: the states came from where they are kept.  The
+        previous owner's last request sent is this node's last at the wire
+        too, so the next one here leaves an interval after it.
         """
-        politeness = self.politeness
+        politeness, wire, sent = self.politeness, self._wire, self._sent
         for host, state in states.items():
             known = politeness.hosts.get(host)
-            politeness.put(host, state if known is None else known.merged(state))
+            merged = state if known is None else known.merged(state)
+            politeness.put(host, merged)
+            last = merged.last_sent
+            if last > wire.get(host, 0.0):
+                wire[host] = last
+            if last > sent.get(host, -math.inf):
+                sent[host] = last
         if states:
             self.on_ready(list(states))
 
@@ -339,6 +347,7 @@ class PolitenessGate:
         self._sent[slot] = now
         if now > self._wire.get(slot, 0.0):
             self._wire[slot] = now
+        self.politeness.sent(slot, now)  # what a new owner of the host spaces from
         return 0.0
 
     def held_back(self, request: Request) -> Request:

@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
-from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.redis.connection import (
     RedisUnreachable,
     redis_cluster_from_settings,
@@ -339,7 +338,6 @@ class RedisLeaseStore:
         return self.inbound.keep(entry)
 
     def dispatched(self, request: Request) -> str:
-        self.hosts.dispatched(request.meta.get(META_SLOT))
         return self.acks.dispatched(request)
 
     def downloaded(self, request: Request) -> None:

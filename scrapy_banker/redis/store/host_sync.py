@@ -7,7 +7,9 @@ keyed by download slot.  On a fleet a host is fetched by the owner of its
 partition, and that owner changes; :class:`HostSync` makes the state follow:
 
 * **Published** -- every state that changed (``Politeness.take_changed``),
-  and the last request sent to a host with an interval, is handed to the
+  and the last request sent to a host with an interval
+  (``Politeness.take_sent``: the moment it reached the wire, what the
+  server measures from), is handed to the
   worker thread with the host's partition and the epoch its requests were
   leased under (:meth:`FrontierWorker.host_state
   <scrapy_banker.redis.worker.FrontierWorker.host_state>`), and written with
@@ -79,8 +81,6 @@ class HostSync:
         self.where: dict[str, tuple[int, int]] = {}
         #: Partition -> the hosts of it this node leased requests of.
         self.hosts_of: dict[int, set[str]] = {}
-        #: Hosts with an interval a request was dispatched to since the last publish.
-        self.sent: set[str] = set()
         self._bad_logged = False
 
     # -- the reactor thread's notes ----------------------------------------------------
@@ -95,26 +95,15 @@ class HostSync:
             self.where[host] = where
             self.hosts_of.setdefault(token.partition, set()).add(host)
 
-    def dispatched(self, host: str | None) -> None:
-        """A request of ``host`` left: its ``last_sent`` travels too if it has an interval."""
-        if host is None:
-            return
-        state = self.politeness.hosts.get(host)
-        if state is not None and state.interval:
-            self.sent.add(host)
-
     # -- publishing ------------------------------------------------------------------------
 
     def publish(self, changed: Mapping[str, HostState] | None = None) -> int:
         """Hand the changed states (and ``changed``, from the scheduler) to the worker thread."""
         politeness = self.politeness
-        states = politeness.take_changed()
+        states = politeness.take_sent()
+        states.update(politeness.take_changed())
         if changed:
             states.update(changed)
-        if self.sent:
-            for host in self.sent:
-                states.setdefault(host, politeness.get(host))
-            self.sent = set()
         if not states:
             return 0
         now = self.clock()

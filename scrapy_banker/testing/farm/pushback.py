@@ -304,8 +304,8 @@ class Refusal:
 
 class _State:
     __slots__ = (
-        "announced", "announced_to", "announced_wall", "count", "last_start", "refused",
-        "until", "until_date", "window",
+        "announced", "announced_to", "announced_wall", "count", "last_node", "last_start",
+        "refused", "until", "until_date", "window",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -313,6 +313,8 @@ class _State:
         self.count = 0
         #: Start of the previous request (robots.txt excluded), for Crawl-delay.
         self.last_start: float | None = None
+        #: The node that sent it (None: not told).
+        self.last_node: str | None = None
         #: End of the announced Retry-After period (``now`` units) and its date.
         self.until: float | None = None
         self.until_date: int | None = None
@@ -408,9 +410,11 @@ class PushbackTracker:
             if last is not None and now - last < CRAWL_DELAY_TOLERANCE * spec.crawl_delay_s:
                 self.crawl_delay_violations[host] = self.crawl_delay_violations.get(host, 0) + 1
                 self._event(
-                    "crawl_delay", host, path, now, wall, spec.crawl_delay_s - (now - last), node
-                )
+                    "crawl_delay", host, path, now, wall, spec.crawl_delay_s - (now - last), node,
+                    previous_node=state.last_node,
+                )  # fmt: skip
             state.last_start = now
+            state.last_node = node
         n = state.count
         state.count += 1
         if state.until is not None:
@@ -490,7 +494,8 @@ class PushbackTracker:
     def stats(self) -> dict[str, Any]:
         """Totals and per-host counts (hosts with a zero count are left out), and
         ``violations``: the first of them, each with its host, path, time, how
-        early and the node that sent it; a Retry-After violation also with
+        early and the node that sent it; a Crawl-delay violation also with
+        the node that sent the request before (``previous_node``); a Retry-After violation also with
         when (``announced_wall``) and to which node (``announced_to``) the
         429 announcing the period left the host."""
         out: dict[str, Any] = {"violations": list(self.violations)}

@@ -427,6 +427,8 @@ class Run:
                 "t_s": round(e["wall"] - self.t0_wall, 3), "early_s": e["early_s"],
                 "worker": None if sent is None else sent[1],
                 "sent_t_s": None if sent is None else round(sent[0] - self.t0_wall, 3),
+                # The nodes the farm was told (``X-Banker-Node``), when a run sends it.
+                **{k: e[k] for k in ("node", "previous_node", "announced_to") if e.get(k)},
             })  # fmt: skip
         return out
 

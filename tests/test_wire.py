@@ -44,7 +44,7 @@ from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.core.politeness import HostState
 from scrapy_banker.scheduler import BankerScheduler, running_banker
 from scrapy_banker.scheduler.parts import build
-from scrapy_banker.scheduler.politeness_gate import HeldBack, PolitenessGate
+from scrapy_banker.scheduler.politeness_gate import CONNECT_MARGIN_S, HeldBack, PolitenessGate
 from scrapy_banker.scheduler.seams import StoreFeatures
 from scrapy_banker.scheduler.store import MemoryStore
 from scrapy_banker.scheduler.wire import GivenBack, WireGateMiddleware
@@ -365,6 +365,8 @@ async def test_scrapy_2_13_handlers_are_wrapped_too_and_space_and_hold_back_alik
 
 def test_an_interval_runs_from_when_the_previous_request_actually_left() -> None:
     mw, gate, clock = _setup()
+    # robots.txt went first, before the Crawl-delay was known: the connection is open.
+    assert gate.on_wire(_req("http://a.test/robots.txt")) == 0.0
     gate.politeness.crawl_delay("a.test", 5.0)
     r1, r2, r3 = (_req(f"http://a.test/{i}") for i in (1, 2, 3))
     assert gate.at_wire(r1) == 0.0 and gate.on_wire(r1) == 0.0  # left at T0
@@ -387,6 +389,27 @@ def test_an_interval_runs_from_when_the_previous_request_actually_left() -> None
     # host's next owner.
     assert gate.politeness.get("a.test").last_sent == pytest.approx(T0 + 10.3)
     assert set(gate.politeness.take_sent()) == {"a.test"}
+
+
+def test_a_hosts_first_request_from_this_process_is_given_time_to_open_its_connection() -> None:
+    _, gate, clock = _setup()
+    gate.politeness.crawl_delay("a.test", 5.0)
+    gate.politeness.crawl_delay("b.test", 0.2)
+    r1, r2 = _req("http://a.test/1"), _req("http://a.test/2")
+    assert gate.at_wire(r1) == 0.0 and gate.on_wire(r1) == 0.0
+    # It may reach the server late (it opens the connection): the next one
+    # is spaced from its departure plus the margin...
+    assert gate.at_wire(r2) == pytest.approx(5.0 + CONNECT_MARGIN_S)
+    clock.now = T0 + 5.0
+    assert gate.on_wire(r2) == pytest.approx(CONNECT_MARGIN_S)
+    clock.now = T0 + 5.0 + CONNECT_MARGIN_S
+    assert gate.on_wire(r2) == 0.0
+    # ...once: the connection is open now.
+    assert gate.at_wire(_req("http://a.test/3")) == pytest.approx(5.0)
+    # At most half a short interval.
+    b1, b2 = _req("http://b.test/1", "b.test"), _req("http://b.test/2", "b.test")
+    assert gate.on_wire(b1) == 0.0
+    assert gate.on_wire(b2) == pytest.approx(0.3)
 
 
 def test_a_host_taken_over_is_spaced_from_the_previous_owners_last_departure() -> None:

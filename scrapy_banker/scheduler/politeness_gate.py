@@ -56,7 +56,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from scrapy.exceptions import IgnoreRequest
 
@@ -75,7 +75,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HeldBack", "PolitenessGate"]
+__all__ = ["CONNECT_MARGIN_S", "HeldBack", "PolitenessGate"]
+
+#: What a host's first request from this process may take, past the moment it
+#: is handed to the download handler, to reach the server: it opens the
+#: connection, which on a busy reactor costs tens of milliseconds that the
+#: next request, on the open connection, does not.  The next one is spaced from
+#: its departure plus this much (at most half the interval).  Measured on a
+#: fleet of five processes on two cores: up to 0.17 s; a fleet node's first
+#: request to a host is often its first contact (robots.txt came from Redis).
+CONNECT_MARGIN_S: Final = 0.25
 
 
 class HeldBack(IgnoreRequest):
@@ -155,6 +164,9 @@ class PolitenessGate:
         #: Slot -> when its last request was handed to the download handler
         #: (:meth:`on_wire`): what a server measures, even if a timer fired late.
         self._sent: dict[str, float] = {}
+        #: Slots this process has sent a request of (:meth:`on_wire`): the next
+        #: one opens no connection.
+        self._opened: set[str] = set()
 
     # -- the gate --------------------------------------------------------------------
 
@@ -333,21 +345,31 @@ class PolitenessGate:
         of that interval.  A reserved moment is only a timer: when the
         reactor is busy the previous request may have left late, and the
         next one, on time, would reach the server less than an interval
-        after it.  Call again after waiting what it returns.
+        after it.  Likewise a host's first request from this process opens
+        the connection and may arrive late: the next one keeps
+        :data:`CONNECT_MARGIN_S` (at most half the interval) more.  Call
+        again after waiting what it returns.
         """
         state = self.check_blocked(request)  # the caller just checked: it cannot raise here
         interval = max(floor, 0.0 if state is None else state.interval)
+        slot, opened = request.meta[META_SLOT], self._opened
         if not interval:
+            if slot not in opened:
+                opened.add(slot)
             return 0.0
-        slot, now = request.meta[META_SLOT], self.clock()
+        now = self.clock()
         left = self._sent.get(slot, -math.inf) + interval - now
         if left > 0:
             self.stats.inc_value("banker/pushback/respaced_at_wire")
             return left
-        self._sent[slot] = now
-        if now > self._wire.get(slot, 0.0):
-            self._wire[slot] = now
-        self.politeness.sent(slot, now)  # what a new owner of the host spaces from
+        at = now
+        if slot not in opened:  # it opens the connection: it may arrive late
+            opened.add(slot)
+            at += min(CONNECT_MARGIN_S, interval / 2)
+        self._sent[slot] = at
+        if at > self._wire.get(slot, 0.0):
+            self._wire[slot] = at
+        self.politeness.sent(slot, at)  # what a new owner of the host spaces from
         return 0.0
 
     def held_back(self, request: Request) -> Request:

@@ -365,8 +365,9 @@ async def test_scrapy_2_13_handlers_are_wrapped_too_and_space_and_hold_back_alik
 
 def test_an_interval_runs_from_when_the_previous_request_actually_left() -> None:
     mw, gate, clock = _setup()
-    # robots.txt went first, before the Crawl-delay was known: the connection is open.
-    assert gate.on_wire(_req("http://a.test/robots.txt")) == 0.0
+    # robots.txt went first (not the scheduler's request: no slot in its meta),
+    # before the Crawl-delay was known: the connection is open.
+    assert gate.on_wire(_req("http://a.test/robots.txt", None)) == 0.0
     gate.politeness.crawl_delay("a.test", 5.0)
     r1, r2, r3 = (_req(f"http://a.test/{i}") for i in (1, 2, 3))
     assert gate.at_wire(r1) == 0.0 and gate.on_wire(r1) == 0.0  # left at T0
@@ -410,6 +411,10 @@ def test_a_hosts_first_request_from_this_process_is_given_time_to_open_its_conne
     b1, b2 = _req("http://b.test/1", "b.test"), _req("http://b.test/2", "b.test")
     assert gate.on_wire(b1) == 0.0
     assert gate.on_wire(b2) == pytest.approx(0.3)
+    # A request the scheduler did not hand out (robots.txt) is never spaced,
+    # whatever the operator's floor.
+    robots = _req("http://a.test/robots.txt", None)
+    assert gate.at_wire(robots, floor=10.0) == 0.0 and gate.on_wire(robots, floor=10.0) == 0.0
 
 
 def test_a_host_taken_over_is_spaced_from_the_previous_owners_last_departure() -> None:

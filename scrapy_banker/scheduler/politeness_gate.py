@@ -59,6 +59,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_banker.core.meta import META_SLOT
 from scrapy_banker.core.politeness import HostState, Politeness, parse_retry_after
@@ -328,9 +329,10 @@ class PolitenessGate:
         """
         state = self.check_blocked(request)
         interval = max(floor, 0.0 if state is None else state.interval)
-        if not interval:
+        slot = request.meta.get(META_SLOT)
+        if not interval or slot is None:  # not the scheduler's request: nothing to space
             return 0.0
-        slot, now = request.meta[META_SLOT], self.clock()
+        now = self.clock()
         at = max(now, self._wire.get(slot, 0.0) + interval)
         self._wire[slot] = at
         if at > now:
@@ -352,7 +354,10 @@ class PolitenessGate:
         """
         state = self.check_blocked(request)  # the caller just checked: it cannot raise here
         interval = max(floor, 0.0 if state is None else state.interval)
-        slot, opened = request.meta[META_SLOT], self._opened
+        slot, opened = request.meta.get(META_SLOT), self._opened
+        if slot is None:  # not the scheduler's (robots.txt): it opens its host's connection
+            opened.add(urlparse_cached(request).hostname or "")
+            return 0.0
         if not interval:
             if slot not in opened:
                 opened.add(slot)

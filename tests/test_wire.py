@@ -365,11 +365,12 @@ async def test_scrapy_2_13_handlers_are_wrapped_too_and_space_and_hold_back_alik
 
 def test_an_interval_runs_from_when_the_previous_request_actually_left() -> None:
     mw, gate, clock = _setup()
-    # robots.txt went first (not the scheduler's request: no slot in its meta),
-    # before the Crawl-delay was known: the connection is open.
-    assert gate.on_wire(_req("http://a.test/robots.txt", None)) == 0.0
     gate.politeness.crawl_delay("a.test", 5.0)
-    r1, r2, r3 = (_req(f"http://a.test/{i}") for i in (1, 2, 3))
+    r0, r1, r2, r3 = (_req(f"http://a.test/{i}") for i in (0, 1, 2, 3))
+    # The host's first request here left long ago (its margin is the next test's).
+    clock.now = T0 - 60.0
+    assert gate.at_wire(r0) == 0.0 and gate.on_wire(r0) == 0.0
+    clock.now = T0
     assert gate.at_wire(r1) == 0.0 and gate.on_wire(r1) == 0.0  # left at T0
     # Two more leave their slot's queue at once: reserved at T0 + 5 and T0 + 10.
     assert gate.at_wire(r2) == pytest.approx(5.0)
@@ -392,7 +393,7 @@ def test_an_interval_runs_from_when_the_previous_request_actually_left() -> None
     assert set(gate.politeness.take_sent()) == {"a.test"}
 
 
-def test_a_hosts_first_request_from_this_process_is_given_time_to_open_its_connection() -> None:
+def test_a_hosts_first_spaced_request_from_this_process_is_given_time_to_arrive() -> None:
     _, gate, clock = _setup()
     gate.politeness.crawl_delay("a.test", 5.0)
     gate.politeness.crawl_delay("b.test", 0.2)
@@ -405,7 +406,7 @@ def test_a_hosts_first_request_from_this_process_is_given_time_to_open_its_conne
     assert gate.on_wire(r2) == pytest.approx(CONNECT_MARGIN_S)
     clock.now = T0 + 5.0 + CONNECT_MARGIN_S
     assert gate.on_wire(r2) == 0.0
-    # ...once: the connection is open now.
+    # ...once.
     assert gate.at_wire(_req("http://a.test/3")) == pytest.approx(5.0)
     # At most half a short interval.
     b1, b2 = _req("http://b.test/1", "b.test"), _req("http://b.test/2", "b.test")
@@ -426,9 +427,10 @@ def test_a_host_taken_over_is_spaced_from_the_previous_owners_last_departure() -
     assert gate.politeness.ready_at("a.test") == pytest.approx(T0 + 4.0)
     r1 = _req("http://a.test/1")
     assert gate.at_wire(r1) == pytest.approx(4.0)
-    assert gate.on_wire(r1) == pytest.approx(4.0)
     clock.now = T0 + 4.0
     assert gate.on_wire(r1) == 0.0
+    # Its first here: the next one keeps the margin too.
+    assert gate.at_wire(_req("http://a.test/2")) == pytest.approx(5.0 + CONNECT_MARGIN_S)
 
 
 def test_a_downloader_without_either_handler_method_leaves_the_middleware_last() -> None:

@@ -431,6 +431,11 @@ def test_a_host_taken_over_is_spaced_from_the_previous_owners_last_departure() -
     assert gate.on_wire(r1) == 0.0
     # Its first here: the next one keeps the margin too.
     assert gate.at_wire(_req("http://a.test/2")) == pytest.approx(5.0 + CONNECT_MARGIN_S)
+    # Taken over again later (its partition went and came back): the same.
+    gate.adopt({"a.test": HostState(crawl_delay=5.0, last_sent=T0 + 30.0)})
+    clock.now = T0 + 35.0
+    assert gate.on_wire(_req("http://a.test/3")) == 0.0
+    assert gate.at_wire(_req("http://a.test/4")) == pytest.approx(5.0 + CONNECT_MARGIN_S)
 
 
 def test_a_downloader_without_either_handler_method_leaves_the_middleware_last() -> None:

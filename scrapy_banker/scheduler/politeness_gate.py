@@ -216,9 +216,10 @@ class PolitenessGate:
         moments ago may not be in the state it reads.  Not reported back by
         ``take_changed``: the states came from where they are kept.  The
         previous owner's last request sent is this node's last at the wire
-        too, so the next one here leaves an interval after it.
+        too, so the next one here leaves an interval after it, and the one
+        after keeps :data:`CONNECT_MARGIN_S` more, as a host's first here.
         """
-        politeness, wire = self.politeness, self._wire
+        politeness, wire, sent = self.politeness, self._wire, self._sent
         for host, state in states.items():
             known = politeness.hosts.get(host)
             merged = state if known is None else known.merged(state)
@@ -226,6 +227,7 @@ class PolitenessGate:
             last = merged.last_sent
             if last > wire.get(host, 0.0):
                 wire[host] = last
+            sent.pop(host, None)  # its next request here is its first since: the margin
         if states:
             self.on_ready(list(states))
 

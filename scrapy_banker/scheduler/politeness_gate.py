@@ -312,6 +312,18 @@ class PolitenessGate:
         """
         return self._wire.get(slot, 0.0)
 
+    def _spacing(self, request: Request, floor: float) -> tuple[str, float] | None:
+        """``request``'s slot and the least interval of its host now (at least
+        ``floor``); None if nothing spaces it (no interval, or not the
+        scheduler's request: robots.txt).  Raises :class:`HeldBack` as
+        :meth:`check_blocked`."""
+        state = self.check_blocked(request)
+        interval = max(floor, 0.0 if state is None else state.interval)
+        slot = request.meta.get(META_SLOT)
+        if not interval or slot is None:
+            return None
+        return slot, interval
+
     def at_wire(self, request: Request, floor: float = 0.0) -> float:
         """The last check before ``request`` goes to the wire: seconds to wait first.
 
@@ -324,11 +336,10 @@ class PolitenessGate:
         told and send.  ``floor``: the least interval whatever the host's
         own (the operator's ``delay``).
         """
-        state = self.check_blocked(request)
-        interval = max(floor, 0.0 if state is None else state.interval)
-        slot = request.meta.get(META_SLOT)
-        if not interval or slot is None:  # not the scheduler's request: nothing to space
+        spaced = self._spacing(request, floor)
+        if spaced is None:
             return 0.0
+        slot, interval = spaced
         now = self.clock()
         at = max(now, self._wire.get(slot, 0.0) + interval)
         self._wire[slot] = at
@@ -349,11 +360,10 @@ class PolitenessGate:
         much more (at most half the interval).  Call again after waiting
         what it returns.
         """
-        state = self.check_blocked(request)  # the caller just checked: it cannot raise here
-        interval = max(floor, 0.0 if state is None else state.interval)
-        slot = request.meta.get(META_SLOT)
-        if not interval or slot is None:  # not the scheduler's request: nothing to space
+        spaced = self._spacing(request, floor)  # the caller just checked: cannot raise
+        if spaced is None:
             return 0.0
+        slot, interval = spaced
         now, sent = self.clock(), self._sent
         last = sent.get(slot)
         at = now

@@ -429,6 +429,9 @@ class Run:
                 "sent_t_s": None if sent is None else round(sent[0] - self.t0_wall, 3),
                 # The nodes the farm was told (``X-Banker-Node``), when a run sends it.
                 **{k: e[k] for k in ("node", "previous_node", "announced_to") if e.get(k)},
+                # When the host received the request before (a Crawl-delay violation).
+                **({"previous_t_s": round(e["previous_wall"] - self.t0_wall, 3)}
+                   if e.get("previous_wall") else {}),
             })  # fmt: skip
         return out
 

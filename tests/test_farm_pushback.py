@@ -333,6 +333,16 @@ def test_crawl_delay_gaps_just_under_95_percent_are_violations() -> None:
     assert tracker.stats()["crawl_delay_violations"] == 2
 
 
+def test_a_crawl_delay_violation_says_when_the_request_before_it_arrived() -> None:
+    model, tracker = _tracker(crawl_delays={1: 2.0})
+    host = model.host_name(1)
+    tracker.receive(host, "/a", 0.0, wall=100.0, node="w0")
+    tracker.receive(host, "/b", 1.5, wall=101.5, node="w1")  # 0.5 s too early
+    (event,) = tracker.stats()["violations"]
+    assert (event["path"], event["wall"], event["early_s"]) == ("/b", 101.5, 0.5)
+    assert (event["previous_wall"], event["previous_node"], event["node"]) == (100.0, "w0", "w1")
+
+
 # ------------------------------------------------------------------ the server
 def _server_config(tmp: Path) -> FarmConfig:
     site = tmp / "site"

@@ -418,6 +418,57 @@ def test_a_hosts_first_spaced_request_from_this_process_is_given_time_to_arrive(
     assert gate.at_wire(robots, floor=10.0) == 0.0 and gate.on_wire(robots, floor=10.0) == 0.0
 
 
+class Turns:
+    """A reactor's zero-delay timers, run turn by turn: what is set in one turn runs in the next."""
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+
+    def schedule(self, delay: float, func: Any) -> Any:
+        assert delay == 0.0
+        self.pending.append(func)
+        return SimpleNamespace(cancel=lambda: None)
+
+    def turn(self) -> None:
+        due, self.pending = self.pending, []
+        for func in due:
+            func()
+
+
+def test_a_requests_departure_is_when_its_bytes_left_not_when_it_was_handed_over() -> None:
+    crawler = get_crawler(Spidey, {})
+    assert crawler.stats is not None
+    clock, turns = Clock(), Turns()
+    gate = PolitenessGate(
+        load_config(crawler.settings), crawler.stats, lambda slot: True,
+        clock=clock, schedule=turns.schedule,
+    )  # fmt: skip
+    gate.politeness.crawl_delay("a.test", 5.0)
+    gate.politeness.crawl_delay("b.test", 5.0)
+    clock.now = T0 - 60.0  # the hosts' first requests (and their margin) long ago
+    assert gate.on_wire(_req("http://a.test/0")) == 0.0
+    assert gate.on_wire(_req("http://b.test/0", "b.test")) == 0.0
+    turns.turn(), turns.turn(), turns.turn()
+    assert not turns.pending  # nothing in flight to the socket: no timer runs
+    # Both are handed to the handler at T0, in a turn that then stays busy for
+    # 90 ms (the socket is written at its end) -- one timer for both.
+    clock.now = T0
+    assert gate.on_wire(_req("http://a.test/1")) == 0.0
+    assert gate.on_wire(_req("http://b.test/1", "b.test")) == 0.0
+    assert len(turns.pending) == 1
+    clock.now = T0 + 0.09
+    turns.turn()  # the next turn: after the poll that wrote them (or before, if let go in a poll)
+    clock.now = T0 + 0.1
+    turns.turn()  # the turn after: they left by now
+    assert not turns.pending
+    for slot in ("a.test", "b.test"):
+        assert gate.politeness.get(slot).last_sent == pytest.approx(T0 + 0.1)
+    # The next request, due 5 s after the hand-over, waits until 5 s after they left.
+    clock.now = T0 + 5.0
+    assert gate.on_wire(_req("http://a.test/2")) == pytest.approx(0.1)
+    assert gate.at_wire(_req("http://b.test/2", "b.test")) == pytest.approx(0.1)
+
+
 def test_a_host_taken_over_is_spaced_from_the_previous_owners_last_departure() -> None:
     _, gate, clock = _setup()
     # Another node sent a request of the host 1 s ago (its Crawl-delay is 5 s),

@@ -162,9 +162,15 @@ class PolitenessGate:
         self._recorded: dict[int, HostState] = {}
         #: Slot -> when its last request went to the wire (:meth:`at_wire`).
         self._wire: dict[str, float] = {}
-        #: Slot -> when its last request was handed to the download handler
-        #: (:meth:`on_wire`): what a server measures, even if a timer fired late.
+        #: Slot -> when its last request left: handed to the download handler
+        #: (:meth:`on_wire`), then moved to when its bytes left the process
+        #: (:meth:`_flush`): what a server measures, even if a timer fired late.
         self._sent: dict[str, float] = {}
+        #: Slots whose last request was handed to the handler this reactor turn
+        #: (``_leaving``) and the turn before (``_flushing``): see :meth:`_flush`.
+        self._leaving: set[str] = set()
+        self._flushing: set[str] = set()
+        self._flush_timer: Timer | None = None
 
     # -- the gate --------------------------------------------------------------------
 
@@ -364,19 +370,51 @@ class PolitenessGate:
         if spaced is None:
             return 0.0
         slot, interval = spaced
-        now, sent = self.clock(), self._sent
-        last = sent.get(slot)
+        now = self.clock()
+        last = self._sent.get(slot)
         at = now
         if last is None:  # the host's first here: it may reach the server late
             at += min(CONNECT_MARGIN_S, interval / 2)
         elif last + interval > now:
             self.stats.inc_value("banker/pushback/respaced_at_wire")
             return last + interval - now
-        sent[slot] = at
+        self._left(slot, at)
+        self._leaving.add(slot)
+        if self._flush_timer is None:
+            self._flush_timer = self.schedule(0.0, self._flush)
+        return 0.0
+
+    def _left(self, slot: str, at: float) -> None:
+        """``slot``'s last request left at ``at``, if later than known."""
+        if at > self._sent.get(slot, 0.0):
+            self._sent[slot] = at
         if at > self._wire.get(slot, 0.0):
             self._wire[slot] = at
         self.politeness.sent(slot, at)  # what a new owner of the host spaces from
-        return 0.0
+
+    def _flush(self) -> None:
+        """Move the departure of requests let go two reactor turns ago to now.
+
+        A request handed to the download handler is only *buffered*: the
+        reactor writes it to the socket when it next polls, after the rest
+        of the current turn's work -- responses parsed, timers run -- which
+        on a busy crawler takes tens of milliseconds or more (measured: 60-120 ms
+        stalls every Crawl-delay period on the 150-host push-back farm, and
+        the previous request of a "too early" pair reaching the server
+        86 ms after its handler call).  A zero-delay timer set in one turn
+        runs in the next, after that turn's poll; a request let go during a
+        poll (a response freed its slot) is written in the poll after, so
+        the departure is taken at the second timer: never before the bytes
+        left, at most one turn after.  One timer runs per turn while a
+        spaced request is in flight to the socket.
+        """
+        self._flush_timer = None
+        now = self.clock()
+        for slot in self._flushing:
+            self._left(slot, now)
+        self._flushing, self._leaving = self._leaving, set()
+        if self._flushing:
+            self._flush_timer = self.schedule(0.0, self._flush)
 
     def held_back(self, request: Request) -> Request:
         """The copy to put back of a request taken out of its slot's queue (:class:`HeldBack`)."""

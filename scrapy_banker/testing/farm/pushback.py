@@ -305,7 +305,7 @@ class Refusal:
 class _State:
     __slots__ = (
         "announced", "announced_to", "announced_wall", "count", "last_node", "last_start",
-        "refused", "until", "until_date", "window",
+        "last_wall", "refused", "until", "until_date", "window",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -315,6 +315,8 @@ class _State:
         self.last_start: float | None = None
         #: The node that sent it (None: not told).
         self.last_node: str | None = None
+        #: Its wall time (``time.time()``), named in a violation's report.
+        self.last_wall: float | None = None
         #: End of the announced Retry-After period (``now`` units) and its date.
         self.until: float | None = None
         self.until_date: int | None = None
@@ -411,8 +413,9 @@ class PushbackTracker:
                 self.crawl_delay_violations[host] = self.crawl_delay_violations.get(host, 0) + 1
                 self._event(
                     "crawl_delay", host, path, now, wall, spec.crawl_delay_s - (now - last), node,
-                    previous_node=state.last_node,
+                    previous_node=state.last_node, previous_wall=state.last_wall,
                 )  # fmt: skip
+            state.last_wall = wall
             state.last_start = now
             state.last_node = node
         n = state.count
@@ -495,7 +498,8 @@ class PushbackTracker:
         """Totals and per-host counts (hosts with a zero count are left out), and
         ``violations``: the first of them, each with its host, path, time, how
         early and the node that sent it; a Crawl-delay violation also with
-        the node that sent the request before (``previous_node``); a Retry-After violation also with
+        the node that sent the request before (``previous_node``) and when it was
+        received (``previous_wall``); a Retry-After violation also with
         when (``announced_wall``) and to which node (``announced_to``) the
         429 announcing the period left the host."""
         out: dict[str, Any] = {"violations": list(self.violations)}

@@ -219,3 +219,33 @@ def test_a_learned_interval_shrinks_to_its_floor_and_no_further() -> None:
     assert state.refused_interval == pytest.approx(floor * FLOOR_DECAY**200)
     assert state.learned_interval == pytest.approx(state.refused_interval * RATE_MARGIN)
     assert HostState.from_json(state.to_json()) == state  # the floor travels with the host
+
+
+def test_a_headerless_429_searches_the_rate_up_from_what_it_proved_too_fast() -> None:
+    p = Politeness(PolitenessConfig(backoff_base_s=2.0, jitter=0))
+    for i in range(6):  # a host never refused, answered 0.4 s apart...
+        p.succeeded("a.test", NOW + 0.4 * i)
+    # ...then a 429 with no Retry-After: blocked a blind 2 s.  Its estimate from
+    # that blind end is slow (2.4 + 2 - 0 over 6 answers); only 0.4 s is
+    # proved too fast, so the interval may shrink back to just above it.
+    state = p.refused("a.test", NOW + 2.4, None, rate=True)
+    assert state.blocked_until == pytest.approx(NOW + 4.4)
+    assert state.learned_interval == pytest.approx(4.4 / 6)
+    assert state.refused_interval == pytest.approx(0.4)
+    for i in range(40):
+        p.succeeded("a.test", NOW + 4.4 + 0.5 * i)
+    assert p.get("a.test").learned_interval == pytest.approx(0.4 * RATE_MARGIN * FLOOR_DECAY**40)
+    # Refused again while spaced by it, after answers: a little too fast.  A
+    # sliding window frees within about one spacing: held one new interval,
+    # not a blind backoff, and spaced RATE_MARGIN slower from then on.
+    spacing = p.get("a.test").interval
+    state = p.refused("a.test", NOW + 30.0, None, rate=True)
+    assert state.refused_interval == pytest.approx(spacing)
+    assert state.learned_interval == pytest.approx(spacing * RATE_MARGIN)
+    assert state.blocked_until == pytest.approx(NOW + 30.0 + spacing * RATE_MARGIN)
+    assert state.refusals == 1
+    # Refused again before anything was served: no longer a near miss -- the blind
+    # backoff, doubled.
+    state = p.refused("a.test", NOW + 30.0 + spacing * RATE_MARGIN, None, rate=True)
+    assert state.refusals == 2
+    assert state.blocked_until == pytest.approx(NOW + 30.0 + spacing * RATE_MARGIN + 4.0)

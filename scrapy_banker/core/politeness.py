@@ -280,6 +280,16 @@ class Politeness:
         window.  A state adopted from another process, without those answers,
         uses the count it carries (answers since its previous refusal).  A
         ``503`` teaches nothing (the host is down for a while, not rationed).
+
+        A ``429`` without ``Retry-After`` ends at a blind backoff, so its
+        estimate errs slow by an unknown amount: the interval may shrink back
+        (:meth:`succeeded`) to just above the spacing its answers were refused
+        at.  Refused again while spaced by that rate, after answers served,
+        is a near miss: the host is held one new interval (a sliding window
+        frees within about one spacing), not a blind backoff, and spaced
+        :data:`RATE_MARGIN` slower from then on -- the rate is searched up
+        from below, a few refusals per host rather than a rate too slow for
+        the rest of the crawl.
         """
         cfg = self.config
         state = self.get(host)
@@ -287,6 +297,17 @@ class Politeness:
         if echo and retry_after_s is None:
             return state
         refusals = state.refusals if echo else state.refusals + 1
+        if rate and retry_after_s is None and state.learned_interval and not state.refusals:
+            # A headerless 429 while spaced by a learned rate, served since the
+            # last refusal: that spacing is a little too fast.  A sliding
+            # window frees within about one spacing, so the host is held one
+            # new interval, not a blind backoff, and spaced RATE_MARGIN slower.
+            floor = state.interval
+            learned = min(floor * RATE_MARGIN, cfg.backoff_max_s)
+            return self._set(host, replace(
+                state, blocked_until=max(state.blocked_until, now + learned), refusals=1,
+                learned_interval=learned, served=0, served_since=0.0, refused_interval=floor,
+            ))  # fmt: skip
         if retry_after_s is not None:
             wait = min(max(0.0, retry_after_s), cfg.backoff_max_s)
         else:
@@ -302,10 +323,19 @@ class Politeness:
         elif rate and state.served:  # a state adopted from elsewhere: its own count
             learned = min((until - state.served_since) / state.served, cfg.backoff_max_s)
         if rate and not echo and learned:
-            # Refused while spaced: that spacing is too fast for this host; and
-            # an estimate errs slow by less than RATE_SLACK (a Retry-After is
-            # whole seconds), so no faster than that is tried again either.
-            floor = max(state.interval, learned * RATE_SLACK / RATE_MARGIN)
+            # Refused while spaced: that spacing is too fast for this host.  A
+            # Retry-After's estimate errs slow by less than RATE_SLACK (it is
+            # whole seconds), so no faster than that is tried again either.  A
+            # headerless 429's ends at a blind backoff, which can be far slower
+            # than the host: only the rate the refused answers already went at
+            # is known to be too fast.
+            if retry_after_s is not None:
+                least = learned * RATE_SLACK / RATE_MARGIN
+            elif answers:
+                least = _rate_interval(answers, now)
+            else:
+                least = 0.0
+            floor = max(state.interval, least)
             learned = max(learned, min(floor * RATE_MARGIN, cfg.backoff_max_s))
         return self._set(host, replace(
             state, blocked_until=until, refusals=refusals, learned_interval=learned,

@@ -145,7 +145,7 @@ def test_a_429_teaches_the_hosts_rate_and_a_503_does_not() -> None:
     assert state.learned_interval == pytest.approx(0.5)
     assert state.interval == pytest.approx(0.5) and state.served == 0
     p.sent("a.test", NOW + 6.0)
-    assert p.ready_at("a.test") == pytest.approx(NOW + 6.5)  # spaced from now on
+    assert p.ready_at("a.test") == pytest.approx(NOW + 6.5, abs=1e-6)  # spaced from now on
     p.succeeded("a.test", NOW + 6.1)  # each answer served speeds it up a little
     assert p.get("a.test").learned_interval == pytest.approx(0.5 * RATE_DECAY)
     # A 503 (rate=False) blocks, and teaches nothing.
@@ -229,23 +229,24 @@ def test_a_headerless_429_searches_the_rate_up_from_what_it_proved_too_fast() ->
     # that blind end is slow (2.4 + 2 - 0 over 6 answers); only 0.4 s is
     # proved too fast, so the interval may shrink back to just above it.
     state = p.refused("a.test", NOW + 2.4, None, rate=True)
-    assert state.blocked_until == pytest.approx(NOW + 4.4)
+    assert state.blocked_until == pytest.approx(NOW + 4.4, abs=1e-6)
     assert state.learned_interval == pytest.approx(4.4 / 6)
     assert state.refused_interval == pytest.approx(0.4)
-    for i in range(40):
+    for i in range(52):  # answered up to NOW + 29.9
         p.succeeded("a.test", NOW + 4.4 + 0.5 * i)
-    assert p.get("a.test").learned_interval == pytest.approx(0.4 * RATE_MARGIN * FLOOR_DECAY**40)
-    # Refused again while spaced by it, after answers: a little too fast.  A
-    # sliding window frees within about one spacing: held one new interval,
-    # not a blind backoff, and spaced RATE_MARGIN slower from then on.
+    assert p.get("a.test").learned_interval == pytest.approx(0.4 * RATE_MARGIN * FLOOR_DECAY**52)
+    # Refused again while spaced by it, after answers: a near miss -- the spacing
+    # was shrinking, so it and RATE_MARGIN x it are too fast.  A sliding window
+    # frees within about one spacing: held one new interval, not a blind backoff.
     spacing = p.get("a.test").interval
     state = p.refused("a.test", NOW + 30.0, None, rate=True)
-    assert state.refused_interval == pytest.approx(spacing)
-    assert state.learned_interval == pytest.approx(spacing * RATE_MARGIN)
-    assert state.blocked_until == pytest.approx(NOW + 30.0 + spacing * RATE_MARGIN)
+    assert state.refused_interval == pytest.approx(spacing * RATE_MARGIN)
+    assert state.learned_interval == pytest.approx(spacing * RATE_MARGIN**2)
+    assert state.blocked_until == pytest.approx(NOW + 30.0 + state.learned_interval, abs=1e-6)
     assert state.refusals == 1
-    # Refused again before anything was served: no longer a near miss -- the blind
-    # backoff, doubled.
-    state = p.refused("a.test", NOW + 30.0 + spacing * RATE_MARGIN, None, rate=True)
+    # Refused again before anything was served: no near miss -- the blind
+    # backoff, doubled (the second refusal in a row).
+    state = p.refused("a.test", NOW + 31.0, None, rate=True)
     assert state.refusals == 2
-    assert state.blocked_until == pytest.approx(NOW + 30.0 + spacing * RATE_MARGIN + 4.0)
+    assert state.blocked_until == pytest.approx(NOW + 35.0, abs=1e-6)
+    assert state.refused_interval >= spacing * RATE_MARGIN  # a floor never drops at a refusal

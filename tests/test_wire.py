@@ -389,7 +389,7 @@ def test_an_interval_runs_from_when_the_previous_request_actually_left() -> None
     assert gate.on_wire(_req("http://b.test/1", "b.test")) == 0.0  # no interval: nothing kept
     # The host's state keeps the actual departure: what a fleet hands to the
     # host's next owner.
-    assert gate.politeness.get("a.test").last_sent == pytest.approx(T0 + 10.3)
+    assert gate.politeness.get("a.test").last_sent == pytest.approx(T0 + 10.3, abs=1e-6)
     assert set(gate.politeness.take_sent()) == {"a.test"}
 
 
@@ -462,7 +462,7 @@ def test_a_requests_departure_is_when_its_bytes_left_not_when_it_was_handed_over
     turns.turn()  # the turn after: they left by now
     assert not turns.pending
     for slot in ("a.test", "b.test"):
-        assert gate.politeness.get(slot).last_sent == pytest.approx(T0 + 0.1)
+        assert gate.politeness.get(slot).last_sent == pytest.approx(T0 + 0.1, abs=1e-6)
     # The next request, due 5 s after the hand-over, waits until 5 s after they left.
     clock.now = T0 + 5.0
     assert gate.on_wire(_req("http://a.test/2")) == pytest.approx(0.1)
@@ -475,7 +475,7 @@ def test_a_host_taken_over_is_spaced_from_the_previous_owners_last_departure() -
     # and this node becomes its owner: its first request waits 4 s more, at
     # dispatch and at the wire alike.
     gate.adopt({"a.test": HostState(crawl_delay=5.0, last_sent=T0 - 1.0)})
-    assert gate.politeness.ready_at("a.test") == pytest.approx(T0 + 4.0)
+    assert gate.politeness.ready_at("a.test") == pytest.approx(T0 + 4.0, abs=1e-6)
     r1 = _req("http://a.test/1")
     assert gate.at_wire(r1) == pytest.approx(4.0)
     clock.now = T0 + 4.0

@@ -286,10 +286,10 @@ class Politeness:
         (:meth:`succeeded`) to just above the spacing its answers were refused
         at.  Refused again while spaced by that rate, after answers served,
         is a near miss: the host is held one new interval (a sliding window
-        frees within about one spacing), not a blind backoff, and spaced
-        :data:`RATE_MARGIN` slower from then on -- the rate is searched up
-        from below, a few refusals per host rather than a rate too slow for
-        the rest of the crawl.
+        frees within about one spacing), not a blind backoff, and
+        :data:`RATE_MARGIN` x its spacing becomes the floor -- the rate is
+        searched up from below, a refusal or two more per host rather than a
+        rate too slow for the rest of the crawl.
         """
         cfg = self.config
         state = self.get(host)
@@ -299,10 +299,13 @@ class Politeness:
         refusals = state.refusals if echo else state.refusals + 1
         if rate and retry_after_s is None and state.learned_interval and not state.refusals:
             # A headerless 429 while spaced by a learned rate, served since the
-            # last refusal: that spacing is a little too fast.  A sliding
-            # window frees within about one spacing, so the host is held one
-            # new interval, not a blind backoff, and spaced RATE_MARGIN slower.
-            floor = state.interval
+            # last refusal: a near miss.  The interval was shrinking, and a
+            # window of r answers fills only r answers after it became too
+            # fast, so the spacing is already below the host's: both it and
+            # RATE_MARGIN x it are taken as too fast.  A sliding window frees
+            # within about one spacing, so the host is held one new interval,
+            # not a blind backoff.
+            floor = min(state.interval * RATE_MARGIN, cfg.backoff_max_s)
             learned = min(floor * RATE_MARGIN, cfg.backoff_max_s)
             return self._set(host, replace(
                 state, blocked_until=max(state.blocked_until, now + learned), refusals=1,

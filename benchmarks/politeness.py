@@ -66,6 +66,8 @@ What is measured (the last stdout line is one JSON object)
     * beside them ``process_wall_s_<sched>`` (first worker start to last
       exit), ``robots_fetches_<sched>``, ``duplicates_<sched>`` (pages
       served more than once), ``max_inflight_per_host_<sched>``,
+      ``mean_inflight_<sched>`` (requests in flight at the farm on average
+      over the span: the full farm is bound by ``CONCURRENT_REQUESTS``),
       ``refused_ratio_<peer>_vs_<banker>`` and
       ``wall_ratio_<banker>_vs_scrapy_redis``, and ``runs``: each peer's
       details (refusals by kind of host, the farm's counters per host for
@@ -123,6 +125,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import shutil
 import statistics
 import sys
@@ -363,6 +366,7 @@ class Run:
             "max_inflight_per_host": max(
                 (int(n) for n in stats["max_inflight_per_host"].values()), default=0
             ),
+            "mean_inflight": mean_inflight(stats["host_events"]),
             "requests": int(stats["requests"]),
             "expected_pages": len(self.expected),
             "statuses": stats["statuses"],
@@ -434,6 +438,21 @@ class Run:
                    if e.get("previous_wall") else {}),
             })  # fmt: skip
         return out
+
+
+def mean_inflight(host_events: dict[str, list[list[float]]]) -> float | None:
+    """Requests in flight at the farm on average, from its first request received to
+    its last answer sent: how well a crawl kept ``CONCURRENT_REQUESTS`` busy (the
+    full farm is bound by them)."""
+    events = sorted((t, step) for per_host in host_events.values() for t, step in per_host)
+    if len(events) < 2:
+        return None
+    area, level = 0.0, 0
+    for (t, step), (t_next, _) in itertools.pairwise(events):
+        level += int(step)
+        area += level * (t_next - t)
+    span = events[-1][0] - events[0][0]
+    return round(area / span, 2) if span > 0 else None
 
 
 def crawl(peer: str, workload: Workload, opts: Options, farm: Any, redis_url: str,
@@ -521,7 +540,7 @@ def report(
     out["concurrency_bound_s"] = concurrency_bound_s(config, CONCURRENT)
     keys = ("refused", "retry_after_violations", "crawl_delay_violations", "pages_missing",
             "wall_s", "process_wall_s", "robots_fetches", "duplicates",
-            "max_inflight_per_host")  # fmt: skip
+            "max_inflight_per_host", "mean_inflight")  # fmt: skip
     for peer, rs in runs.items():
         for key in keys:
             values = [r[key] for r in rs if isinstance(r[key], (int, float))]

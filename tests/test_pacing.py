@@ -114,3 +114,20 @@ def test_a_crawl_bound_by_its_downloader_counts_the_downloaders_time_left() -> N
         lambda s: 0.5 if s == "h7" else 0.0, total_concurrency=16,
     )  # fmt: skip
     assert critical == {"h7"}
+
+
+def test_a_crawl_bound_by_its_downloader_is_never_held_back() -> None:
+    # The same farm: h7's Crawl-delay makes it critical (favoured by the
+    # downloader), but holding the other hosts would only leave places empty.
+    pacer = Pacer(PacerConfig(theta=0.5))
+    cpu = _warm(pacer, 0.003, "h0", 0.1)
+    backlog = {f"h{i}": 30 for i in range(60)}
+    spaced = lambda s: 0.5 if s == "h7" else 0.0  # noqa: E731
+    pacer.refresh(cpu, cpu, backlog, 1800, lambda s: 1, spaced, total_concurrency=16)
+    assert pacer.saturated and pacer.critical == {"h7"} and not pacer.cpu_bound
+    assert pacer.hold(100) is False
+    # Pages of 10 ms: the CPU needs 18 s, more than the downloader's 11.25 s.
+    pacer = Pacer(PacerConfig(theta=0.5))
+    cpu = _warm(pacer, 0.010, "h0", 0.1)
+    pacer.refresh(cpu, cpu, backlog, 1800, lambda s: 1, spaced, total_concurrency=16)
+    assert pacer.cpu_bound and pacer.critical == {"h7"} and pacer.hold(2) is True

@@ -105,3 +105,30 @@ def test_a_spaced_slot_goes_first_ranked_by_the_time_its_backlog_takes() -> None
             waiting.add(entry.slot)
     # Both spaced slots first, the longer first; then the young one before big.test.
     assert got == ["slower0", "slow0", "young0", "young1"]
+
+
+def test_a_slot_whose_host_refused_is_finished_early_while_others_fill_its_blocks() -> None:
+    """A host that refused once (a 503 burst, an outage) may block again at any time:
+    drained last, its next block decides the crawl's end; drained first, its blocks
+    overlap the other hosts' work."""
+    refused: set[str] = set()
+    topics = TopicScheduler([TopicSpec("a")])
+    f: Frontier[str] = Frontier(topics, ExtendibleDirectory(capacity=4),
+                                refused=lambda s: s in refused)  # fmt: skip
+    for i in range(EXPLORE_FIRST + 32):
+        _push(f, f"big{i}", "big.test")
+    for i in range(EXPLORE_FIRST + 4):
+        _push(f, f"flaky{i}", "flaky.test")
+    for _ in range(2 * EXPLORE_FIRST):  # both explored: ranked by their backlogs now
+        f.pop(lambda s: True, 0.0)
+    refused.add("flaky.test")  # its host answered 503 to one of them,
+    _push(f, "flaky-again", "flaky.test")  # which is queued again
+    got = [f.pop(lambda s: True, 0.0) for _ in range(6)]
+    assert [e.item if e else None for e in got] == [
+        "flaky8", "flaky9", "flaky10", "flaky11", "flaky-again", f"big{EXPLORE_FIRST}"
+    ]
+    # Without the refusal, the larger backlog leads (the order above is the refusal's).
+    refused.clear()
+    for i in range(4):
+        _push(f, f"again{i}", "flaky.test")
+    assert f.pop(lambda s: True, 0.0).slot == "big.test"  # type: ignore[union-attr]

@@ -27,7 +27,11 @@ Two kinds of slot rank above every backlog class:
   backlog takes at that interval, in classes above all the others: it is
   free only once per interval, so serving it whenever it is costs the
   others one download slot at a time, and such a host is the long pole
-  far more often than its backlog says;
+  far more often than its backlog says.  A slot whose host has refused a
+  request (``refused(slot)``: a 503, an outage) ranks with them by its
+  backlog: it may block again at any time, and drained last, its next
+  block is what the crawl waits for at its end; drained early, its blocks
+  overlap the other hosts' work;
 * a slot served fewer than :data:`EXPLORE_FIRST` times ranks next: what
   its host holds is not known until its first pages are fetched (a site's
   links are found on its root and index pages), so every host gets its
@@ -164,11 +168,14 @@ class Frontier(Generic[T]):
         topics: TopicScheduler,
         directory: ExtendibleDirectory[str],
         interval: Callable[[str], float] | None = None,
+        refused: Callable[[str], bool] | None = None,
     ) -> None:
         self.topics = topics
         self.directory = directory
         #: The least seconds between two requests of a slot (0: none), if known.
         self.interval = interval
+        #: Has the slot's host ever refused a request (it may block again)?
+        self.refused = refused
         self._lanes: dict[tuple[str, str], _Lane[T]] = {}
         self._rings: dict[str, _Ring[T]] = {}
         self._blocked: dict[str, list[_Lane[T]]] = {}
@@ -308,6 +315,8 @@ class Frontier(Generic[T]):
             spacing = self.interval(slot)
             if spacing > 0:
                 return _SPACED + math.ceil(pending * spacing / NOMINAL_REQUEST_S).bit_length()
+        if self.refused is not None and self.refused(slot):
+            return _SPACED + pending.bit_length()
         if self._served.get(slot, 0) < EXPLORE_FIRST:
             return _UNEXPLORED
         return pending.bit_length()

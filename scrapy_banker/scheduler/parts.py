@@ -73,7 +73,9 @@ def build(
         topics=topics, last_wire=politeness.last_wire, on_ready=hosts_ready,
         counting=not store_class.counts_budgets,
     )  # fmt: skip
-    queue = LocalQueue(config, topics, control.is_free, downloader.idle, politeness.interval)
+    queue = LocalQueue(
+        config, topics, control.is_free, downloader.idle, politeness.interval, politeness.refused
+    )
     parts = SchedulerParts(
         crawler=crawler,
         config=config,

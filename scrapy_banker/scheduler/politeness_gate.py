@@ -204,6 +204,15 @@ class PolitenessGate:
                 return state.interval
         return 0.0
 
+    def refused(self, slot: str) -> bool:
+        """Has ``slot``'s host refused a request in this crawl (a block on record)?"""
+        hosts = self._hosts
+        if hosts:
+            state = hosts.get(slot)
+            if state is not None:
+                return state.blocked_until > 0
+        return False
+
     def draining(self, slot: str) -> bool:
         """Is a popped request of ``slot`` to be dead-lettered instead of sent?"""
         return self.drain and slot in self.given_up

@@ -35,6 +35,7 @@ class LocalQueue:
         is_free: Callable[[str], bool],
         downloader_idle: Callable[[], bool],
         interval: Callable[[str], float] | None = None,
+        refused: Callable[[str], bool] | None = None,
     ) -> None:
         self.config = config
         self.is_free = is_free
@@ -43,7 +44,7 @@ class LocalQueue:
         self.topics = topics
         #: A slot's politeness interval: spaced hosts are served first (the frontier's doc).
         self.frontier: Frontier[Request] = Frontier(
-            self.topics, self.new_directory(), interval=interval
+            self.topics, self.new_directory(), interval=interval, refused=refused
         )
 
     @property

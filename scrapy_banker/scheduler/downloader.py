@@ -106,7 +106,12 @@ class DownloaderView:
         # the engine (a few ms per request of the busiest host, which decides
         # when a crawl ends).  Only with spare downloader capacity -- otherwise
         # the waiting request would hold a place another host could use --
-        # or for a critical host of the pacer, whose place that is.
+        # or for a critical host of the pacer, whose place that is.  Never
+        # more than one: under the asyncio reactor Scrapy's _process_queue
+        # starts each queued request as a task, so the slot's free transfer
+        # count does not drop until the tasks run and one pass starts every
+        # request queued (a queue as deep as the concurrency put 7 requests
+        # at once on a host limited to 4 on the real-sites farm).
         return (
             used == concurrency
             and (2 * len(dl.active) < self._total or slot_key in self.priority_slots)

@@ -282,10 +282,9 @@ class Politeness:
         ``503`` teaches nothing (the host is down for a while, not rationed).
 
         A ``429`` without ``Retry-After`` ends at a blind backoff, so its
-        estimate errs slow by an unknown amount: the interval starts at the
-        geometric mean of that estimate and :data:`RATE_MARGIN` x the spacing
-        its answers were refused at, and may shrink back (:meth:`succeeded`)
-        to just above that spacing.  Refused again while spaced by that rate, after answers served,
+        estimate errs slow by an unknown amount: the interval may shrink back
+        (:meth:`succeeded`) to just above the spacing its answers were refused
+        at.  Refused again while spaced by that rate, after answers served,
         is a near miss: the host is held one new interval (a sliding window
         frees within about one spacing), not a blind backoff, and
         :data:`RATE_MARGIN` x its spacing becomes the floor -- the rate is
@@ -340,12 +339,7 @@ class Politeness:
             else:
                 least = 0.0
             floor = max(state.interval, least)
-            low = min(floor * RATE_MARGIN, cfg.backoff_max_s)
-            if retry_after_s is None and low > 0 and learned > low:
-                # The host's interval lies between the two: start half-way
-                # (geometrically), and let a near miss raise the floor.
-                learned = math.sqrt(learned * low)
-            learned = max(learned, low)
+            learned = max(learned, min(floor * RATE_MARGIN, cfg.backoff_max_s))
         return self._set(host, replace(
             state, blocked_until=until, refusals=refusals, learned_interval=learned,
             served=0, served_since=0.0, refused_interval=floor,

@@ -1,12 +1,15 @@
-"""The farm's changing pages and the freshness judge (pure: no server)."""
+"""The farm's changing pages, the freshness judge (pure), and the server serving them."""
 
 from __future__ import annotations
 
+import http.client
 import math
+import time
 
 import pytest
 
 from scrapy_banker.core.change_rate import freshness
+from scrapy_banker.testing.farm import FarmConfig, FarmModel, WebFarm
 from scrapy_banker.testing.farm.changes import ChangeModel, judge
 
 KEYS = [f"/archive/{i}.html" for i in range(2000)]
@@ -92,3 +95,63 @@ def test_a_bad_change_model_is_refused() -> None:
         ChangeModel(rate_min=1.0, rate_max=0.1)
     with pytest.raises(ValueError, match="static_share"):
         ChangeModel(static_share=1.5)
+
+
+def _get(
+    farm: WebFarm, host: str, path: str, etag: str | None = None
+) -> tuple[int, bytes, http.client.HTTPResponse]:
+    conn = http.client.HTTPConnection("127.0.0.1", farm.port, timeout=30)
+    headers = {"Host": f"{host}:{farm.port}"}
+    if etag is not None:
+        headers["If-None-Match"] = etag
+    try:
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read(), resp
+    finally:
+        conn.close()
+
+
+def test_a_bad_page_changes_config_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"page_changes has unknown keys \['rate'\]"):
+        FarmConfig(page_changes={"rate": 1.0})
+    with pytest.raises(ValueError, match="rate_min <= rate_max"):
+        FarmConfig(page_changes={"rate_min": 2.0, "rate_max": 1.0})
+    config = FarmConfig(page_changes={"rate_min": 0.01, "rate_max": 1, "static_share": 0.5})
+    assert FarmConfig.from_json(config.to_json()) == config
+    assert FarmModel(config).changes == ChangeModel(0, 0.01, 1.0, 0.5)
+    assert FarmModel(FarmConfig()).changes is None
+
+
+@pytest.mark.slow
+def test_the_farm_serves_each_pages_version_its_etag_and_304s() -> None:
+    rates = {"rate_min": 1e-6, "rate_max": 50.0, "static_share": 0.0}
+    config = FarmConfig(seed=4, hosts=2, total_pages=80, page_changes=rates)
+    model = FarmModel(config)
+    changes = model.changes
+    assert changes is not None
+    pages = [(model.host_name(i), p) for i in range(2) for p in model.paths(i)]
+    slow = next((h, p) for h, p in pages if changes.rate(f"{h}{p}") < 1e-4)
+    fast = next((h, p) for h, p in pages if changes.rate(f"{h}{p}") > 20.0)
+    with WebFarm(config) as farm:
+        status, body, resp = _get(farm, *slow)
+        etag = resp.getheader("ETag")
+        assert status == 200 and etag is not None and b"<p>Revision 0</p>" in body
+        status, body, resp = _get(farm, *slow, etag=etag)  # unchanged since
+        assert (status, body, resp.getheader("ETag")) == (304, b"", etag)
+        assert _get(farm, *slow, etag='"other"')[0] == 200
+        first = _get(farm, *fast)
+        time.sleep(0.5)  # 10+ changes on average at more than 20 a second
+        status, body, resp = _get(farm, *fast, etag=first[2].getheader("ETag"))
+        assert status == 200 and resp.getheader("ETag") != first[2].getheader("ETag")
+        assert body != first[1] and b"<p>Revision " in body
+        stats = farm.stats()
+        slow_url = f"http://{slow[0]}:{farm.port}{slow[1]}"
+        assert len(stats["page_fetches"][slow_url]) == 3  # 200, 304 and 200: all copies
+        assert stats["statuses"]["304"] == 1
+        assert 0 < stats["changes_clock_s"] < 60
+    # Without page_changes, no validators and no revision (what every other test sees).
+    with WebFarm(FarmConfig(seed=4, hosts=2, total_pages=80)) as plain:
+        status, body, resp = _get(plain, *slow)
+        assert status == 200 and resp.getheader("ETag") is None and b"Revision" not in body
+        assert "page_fetches" not in plain.stats()

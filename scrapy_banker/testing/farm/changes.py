@@ -45,9 +45,11 @@ class ChangeModel:
     rate_min: float = 1e-3
     rate_max: float = 1.0
     static_share: float = 0.1
-    _times: dict[str, list[float]] = field(default_factory=dict, compare=False, repr=False)
+    _times: dict[str, list[float]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
     _streams: dict[str, np.random.Generator] = field(
-        default_factory=dict, compare=False, repr=False
+        default_factory=dict, init=False, compare=False, repr=False
     )
 
     def __post_init__(self) -> None:

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scrapy_banker.net.gnp import read_rtt_matrix
+from scrapy_banker.testing.farm.changes import ChangeModel
 from scrapy_banker.testing.farm.pushback import (
     Burst,
     HostPushback,
@@ -178,6 +179,10 @@ class FarmConfig:
     static_bursts: dict[str, Burst] = field(default_factory=dict)
     #: Host index -> Crawl-delay in seconds (rounded to ms) its robots.txt announces.
     crawl_delays: dict[int, float] = field(default_factory=dict)
+    #: Generated pages change over time (empty: never): the keyword arguments of
+    #: :class:`~scrapy_banker.testing.farm.changes.ChangeModel` but its seed
+    #: (``rate_min``, ``rate_max``, ``static_share``), rates per farm second.
+    page_changes: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Normalise containers so that configs built by hand, from JSON or
@@ -237,6 +242,7 @@ class FarmConfig:
             "crawl_delays",
             {_index(k, "crawl_delays"): _crawl_delay(k, v) for k, v in self.crawl_delays.items()},
         )
+        setattr_(self, "page_changes", {str(k): float(v) for k, v in self.page_changes.items()})
         self._validate()
 
     def _validate(self) -> None:
@@ -273,6 +279,11 @@ class FarmConfig:
             outside = sorted(k for k in indexed if not 0 <= k < self.hosts)
             if outside:
                 raise ValueError(f"{what} names hosts {outside} outside range(0, {self.hosts})")
+        if self.page_changes:
+            unknown = sorted(set(self.page_changes) - {"rate_min", "rate_max", "static_share"})
+            if unknown:
+                raise ValueError(f"page_changes has unknown keys {unknown}")
+            ChangeModel(seed=self.seed, **self.page_changes)  # its own errors
         for what, named in (
             ("static_rate_limits", self.static_rate_limits),
             ("static_bursts", self.static_bursts),
@@ -470,6 +481,12 @@ class FarmModel:
         self._name_index = {name: i for i, name in enumerate(self._names)}
         self._rtt: npt.NDArray[np.float64] | None = None
         self._filler = self._make_filler()
+        #: How the generated pages change over time (None: they never do).
+        self.changes = (
+            ChangeModel(seed=self.config.seed, **self.config.page_changes)
+            if self.config.page_changes
+            else None
+        )
 
     # ------------------------------------------------------------------ layout
     def _allocate_pages(self) -> tuple[int, ...]:
@@ -844,6 +861,7 @@ class FarmModel:
 
 _REASONS: Final = {
     200: b"OK",
+    304: b"Not Modified",
     400: b"Bad Request",
     404: b"Not Found",
     405: b"Method Not Allowed",

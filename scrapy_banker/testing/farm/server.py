@@ -176,6 +176,10 @@ class FarmServer:
         #: Host -> ``[wall time, +1 (received) or -1 (answered)]``, in order: when
         #: each request arrived and left (what an operator's pause or limit changed).
         self.host_events: dict[str, list[tuple[float, int]]] = {}
+        #: Changing pages: when their clock started (monotonic), and, per page
+        #: URL, the seconds on it at which a copy was served (200) or confirmed (304).
+        self.changes_t0 = time.monotonic()
+        self.page_fetches: dict[str, list[float]] = {}
 
     def sample(self) -> None:
         """Record the requests in flight now (called every ``sample_interval_s``)."""
@@ -218,6 +222,9 @@ class FarmServer:
             ),
         }
         out.update(self.pushback.stats())
+        if self.model.changes is not None:
+            out["changes_clock_s"] = round(time.monotonic() - self.changes_t0, 4)
+            out["page_fetches"] = {u: list(t) for u, t in self.page_fetches.items()}
         if urls:
             out["fetches"] = dict(self.fetches)
             out["refused_urls"] = dict(self.refused_urls)
@@ -248,14 +255,21 @@ class FarmServer:
         return site
 
     def handle(
-        self, target: str, host_header: str, node: str | None, method: str = "GET"
+        self,
+        target: str,
+        host_header: str,
+        node: str | None,
+        method: str = "GET",
+        if_none_match: str | None = None,
     ) -> _Answer:
         """Answer one request; counters and push-back are updated at receipt time.
 
         Generated hosts answer GET and HEAD (405 otherwise); static sites
         answer POST like GET.  A host that pushes back refuses before any
         of that (any method), and a generated host with a Crawl-delay
-        serves its ``/robots.txt``.
+        serves its ``/robots.txt``.  With ``page_changes`` configured, a
+        generated page carries its version in its text and as an ``ETag``,
+        and ``If-None-Match`` with the current one is answered ``304``.
         """
         if target.startswith(("http://", "https://")):  # absolute-form (proxies)
             parts = urlsplit(target)
@@ -318,8 +332,26 @@ class FarmServer:
                     delay -= extra
                     delay += self.model.bandwidth_delay_s(i, len(body))
             answer = _Answer(status, body, max(delay, 0.0), hostname)
+            if status == 200 and self.model.changes is not None:
+                answer = self._changing(answer, url, f"{hostname}{path}", if_none_match)
         self.statuses[answer.status] = self.statuses.get(answer.status, 0) + 1
         return answer
+
+    def _changing(self, answer: _Answer, url: str, key: str, if_none_match: str | None) -> _Answer:
+        """``answer`` as the page's version now: its text, its ``ETag``, or a ``304``."""
+        changes = self.model.changes
+        assert changes is not None  # typing: only called with changes configured
+        now = time.monotonic() - self.changes_t0
+        etag = changes.etag(key, now)
+        self.page_fetches.setdefault(url, []).append(round(now, 4))
+        headers = b"ETag: %s\r\n" % etag.encode("ascii")
+        if if_none_match is not None and etag in (t.strip() for t in if_none_match.split(",")):
+            return _Answer(304, b"", answer.delay, answer.host, headers=headers)
+        mark = b"<p>Revision %d</p>" % changes.version(key, now)
+        body = answer.body
+        at = body.rfind(b"</body>")
+        body = body[:at] + mark + body[at:] if at >= 0 else body + mark
+        return _Answer(200, body, answer.delay, answer.host, answer.content_type, headers)
 
     def _bookkeeping(self, path: str, query: str) -> _Answer:
         if path == STATS_PREFIX + "stats":
@@ -410,6 +442,7 @@ class FarmProtocol(protocol.Protocol):
         host = b""
         node: str | None = None
         connection = b""
+        if_none_match: str | None = None
         body_len = 0
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
@@ -422,6 +455,8 @@ class FarmProtocol(protocol.Protocol):
                 node = value.strip().decode("latin-1")
             elif name == b"connection":
                 connection = value.strip().lower()
+            elif name == b"if-none-match":
+                if_none_match = value.strip().decode("latin-1")
             elif name == b"content-length":
                 try:
                     body_len = int(value)
@@ -436,7 +471,11 @@ class FarmProtocol(protocol.Protocol):
         http10 = version == b"HTTP/1.0"
         keep_alive = b"keep-alive" in connection if http10 else b"close" not in connection
         answer = self._server.handle(
-            target.decode("latin-1"), host.decode("latin-1"), node, method.decode("latin-1")
+            target.decode("latin-1"),
+            host.decode("latin-1"),
+            node,
+            method.decode("latin-1"),
+            if_none_match,
         )
         self._reply(answer, keep_alive, http10, method == b"HEAD")
         return body_len

@@ -141,6 +141,23 @@ def settings(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+def overlaid(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra``'s settings on top, a dict setting merged key by key.
+
+    ``--set DOWNLOADER_MIDDLEWARES='{"x.Mw": 900}'`` adds a middleware, as a
+    project's ``settings.py`` entry adds to Scrapy's ``*_BASE`` dicts; it
+    must not drop the benchmark's own extensions, middlewares or add-ons.
+    """
+    out = dict(base)
+    for key, value in extra.items():
+        old = out.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping):
+            out[key] = {**old, **value}
+        else:
+            out[key] = value
+    return out
+
+
 # -- CPU accounting ----------------------------------------------------------------------
 
 

@@ -275,12 +275,9 @@ def settings_for(
     common = _harness.with_extensions(common, ["_crawler.FleetTuning"], opts.heartbeat)
     if system == "scrapy_redis":
         return {**common, **_common.SCRAPY_REDIS}
-    return {
-        **common,
-        **_common.BANKER_REDIS,
-        "BANKER_REDIS_NODE_ID": node,
-        **opts.banker_extra,
-    }
+    return _harness.overlaid(
+        {**common, **_common.BANKER_REDIS, "BANKER_REDIS_NODE_ID": node}, opts.banker_extra
+    )
 
 
 @dataclass

@@ -261,12 +261,14 @@ def peer_settings(
     if peer == "scrapy_default_autothrottle":
         return {**common, **_common.SCHEDULERS["dapq"], "AUTOTHROTTLE_ENABLED": True}
     if peer == "banker_1w":
-        return {**common, "ADDONS": {"scrapy_banker.Addon": 500}, **opts.banker_extra}
+        return _harness.overlaid(
+            {**common, "ADDONS": {"scrapy_banker.Addon": 500}}, opts.banker_extra
+        )
     if peer == "scrapy_redis":
         return {**common, **_common.SCRAPY_REDIS}
     assert peer == "banker", peer
-    return {**common, **_common.BANKER_REDIS, **BANKER_TIMERS,
-            "BANKER_REDIS_NODE_ID": node, **opts.banker_extra}  # fmt: skip
+    return _harness.overlaid({**common, **_common.BANKER_REDIS, **BANKER_TIMERS,
+                              "BANKER_REDIS_NODE_ID": node}, opts.banker_extra)  # fmt: skip
 
 
 # -- one run -----------------------------------------------------------------------------

@@ -164,8 +164,8 @@ def single_runs(extra: dict[str, Any]) -> list[Run]:
     return [
         Run("dapq_asyncio", 1, {**base, **DAPQ, "TWISTED_REACTOR": ASYNCIO}, "crawl"),
         Run("dapq_epoll", 1, {**base, **DAPQ, "TWISTED_REACTOR": EPOLL}, "crawl"),
-        Run("banker", 1, {**base, "ADDONS": {"scrapy_banker.Addon": 500},
-                          "TWISTED_REACTOR": ASYNCIO, **extra}, "crawl"),
+        Run("banker", 1, _harness.overlaid({**base, "ADDONS": {"scrapy_banker.Addon": 500},
+                                            "TWISTED_REACTOR": ASYNCIO}, extra), "crawl"),
     ]  # fmt: skip
 
 
@@ -175,7 +175,8 @@ def fleet_runs(sizes: Sequence[int], extra: dict[str, Any]) -> list[Run]:
     out = []
     for n in sizes:
         out.append(Run(f"scrapy_redis_{n}w", n, {**base, **_common.SCRAPY_REDIS}, "rediscrawl"))
-        out.append(Run(f"banker_{n}w", n, {**base, **_common.BANKER_REDIS, **extra}, "rediscrawl"))
+        banker = _harness.overlaid({**base, **_common.BANKER_REDIS}, extra)
+        out.append(Run(f"banker_{n}w", n, banker, "rediscrawl"))
     return out
 
 

@@ -395,6 +395,32 @@ def test_set_options_are_json_and_a_bad_one_is_a_usage_error(
         parser.parse_args(["--quick", "--tiny"])  # one mode at a time
 
 
+def test_a_set_dict_setting_adds_to_the_benchmarks_own_instead_of_replacing_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    harness = _module("_harness", monkeypatch)
+    base = {"EXTENSIONS": {"_crawler.FetchLog": 0}, "ADDONS": {"scrapy_banker.Addon": 500}, "A": 1}
+    extra = {"EXTENSIONS": {"my.Ext": 10}, "A": 2, "B": {"x": 1}}
+    assert harness.overlaid(base, extra) == {
+        "EXTENSIONS": {"_crawler.FetchLog": 0, "my.Ext": 10},
+        "ADDONS": {"scrapy_banker.Addon": 500},
+        "A": 2,
+        "B": {"x": 1},
+    }
+    assert base["EXTENSIONS"] == {"_crawler.FetchLog": 0}  # not modified in place
+    # As the politeness benchmark builds its banker peers' settings.
+    politeness = _module("politeness", monkeypatch)
+    opts = politeness.Options("asyncio", {"DOWNLOADER_MIDDLEWARES": {"my.Mw": 900},
+                                          "ADDONS": {"other.Addon": 1}}, False)  # fmt: skip
+    for peer in ("banker_1w", "banker"):
+        got = politeness.peer_settings(peer, politeness.QUICK, opts, "redis://x", "w0", 10,
+                                       tmp_path / "f")  # fmt: skip
+        assert got["DOWNLOADER_MIDDLEWARES"] == {"my.Mw": 900}
+        assert "_crawler.FetchLog" in got["EXTENSIONS"]
+        if peer == "banker_1w":
+            assert got["ADDONS"] == {"scrapy_banker.Addon": 500, "other.Addon": 1}
+
+
 def test_modes_pick_a_workload_and_options_override_it(monkeypatch: pytest.MonkeyPatch) -> None:
     harness = _module("_harness", monkeypatch)
     skewed = _module("crawl_skewed", monkeypatch)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, cast
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 
+from scrapy_banker.errors import BankerConfigError
 from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler.jobdir import JobdirLock, check_resumable
 from scrapy_banker.scheduler.store import MemoryStore
@@ -32,6 +33,10 @@ DOWNLOADER_MIDDLEWARES = {
     # After every other one (HttpCacheMiddleware is 900): the host's
     # politeness and a fleet worker's lease checked at the last moment.
     "scrapy_banker.middlewares.WireGateMiddleware": 990,
+    # Between RedirectMiddleware (600) and RetryMiddleware (550): it sees the
+    # decompressed body of the final response, before a retry is decided.
+    # NotConfigured unless BANKER_RECRAWL.
+    "scrapy_banker.middlewares.RecrawlMiddleware": 580,
 }
 #: Scrapy's robots.txt middleware and ours (Crawl-delay applied, robots.txt
 #: fetched once per fleet), put in its place unless the project names either.
@@ -78,6 +83,28 @@ class Addon:
                 settings.setdefault_in_component_priority_dict(name, load_object(cls), order)
         _swap_robotstxt(settings)
         _check_jobdir(settings)
+        _check_recrawl(settings, config.recrawl)
+
+
+def _check_recrawl(settings: Settings, recrawl: bool) -> None:
+    """Refuse revisits where their state would be lost: it lives in this process only."""
+    if not recrawl:
+        return
+    where = None
+    if settings.get("JOBDIR"):
+        jobdir = settings.get("JOBDIR")
+        where = f"with JOBDIR={jobdir!r} (a resumed crawl would forget its due times)"
+    else:
+        scheduler = load_object(settings["SCHEDULER"])
+        mro = getattr(scheduler, "__mro__", ())
+        if BankerScheduler in mro and scheduler.store_class is not MemoryStore:
+            where = "on a fleet (each worker would revisit only what it fetched, and lose it)"
+    if where is not None:
+        raise BankerConfigError(
+            f"Invalid BANKER_RECRAWL=True: revisits keep their state in this process's "
+            f"memory only, so they are not available {where}; crawl without it, or in one "
+            "process without JOBDIR"
+        )
 
 
 def _check_jobdir(settings: Settings) -> None:

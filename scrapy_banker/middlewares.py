@@ -2,7 +2,8 @@
 
 Every Scrapy middleware of the package can be named from here, where a
 Scrapy user looks for it: the ones defined beside the scheduler parts they
-serve (the wire gate, the robots.txt middleware, the network measuring one)
+serve (the wire gate, the robots.txt middleware, the network measuring one,
+revisits)
 are imported into this module, and the add-on names them by these paths.
 """
 
@@ -19,6 +20,7 @@ from scrapy_banker.core.meta import META_GRANT, META_SLOT
 from scrapy_banker.scheduler import running_banker
 from scrapy_banker.scheduler.netaware import NetworkMeasureMiddleware
 from scrapy_banker.scheduler.politeness_gate import HeldBack
+from scrapy_banker.scheduler.revisits import RecrawlMiddleware
 from scrapy_banker.scheduler.robots import BankerRobotsTxtMiddleware
 from scrapy_banker.scheduler.topic import request_topic
 from scrapy_banker.scheduler.wire import WireGateMiddleware
@@ -37,6 +39,7 @@ __all__ = [
     "BankerRobotsTxtMiddleware",
     "BankerTopicMiddleware",
     "NetworkMeasureMiddleware",
+    "RecrawlMiddleware",
     "WireGateMiddleware",
 ]
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from scrapy_banker.core.directives import BudgetRules
 from scrapy_banker.core.hashing import KEY_POLICIES
 from scrapy_banker.core.politeness import PolitenessConfig
+from scrapy_banker.core.recrawl import SIGNATURES
 from scrapy_banker.core.topics import TopicSpec
 from scrapy_banker.errors import BankerConfigError
 
@@ -83,6 +84,7 @@ Group = Literal[
     "queue",
     "politeness",
     "budgets",
+    "recrawl",
     "admission",
     "redis",
     "placement",
@@ -524,6 +526,12 @@ def _optional_budget(name: str, value: Any, ctx: Context) -> int | None:
         raise _bad(name, value, "expected None (no budget) or a number of pages >= 0") from None
 
 
+def _optional_seconds(name: str, value: Any, ctx: Context) -> float | None:
+    if value is None:
+        return None
+    return _as_float(name, value, 0.0)
+
+
 def _host_budgets(name: str, value: Any, ctx: Context) -> tuple[tuple[str, int], ...]:
     """``{pattern: pages}``: host names or ``fnmatch`` patterns such as ``*.example.com``."""
     value = _json_if_str(name, value)
@@ -614,6 +622,29 @@ class BankerConfig:
     crawl_budget: int | None = setting(
         "BANKER_CRAWL_BUDGET", None, _optional_budget, group="budgets"
     )
+    recrawl: bool = setting("BANKER_RECRAWL", False, boolean, group="recrawl")
+    recrawl_interval: float = setting(
+        "BANKER_RECRAWL_INTERVAL", 86_400.0, positive_float, group="recrawl"
+    )
+    recrawl_min_interval: float = setting(
+        "BANKER_RECRAWL_MIN_INTERVAL", 3_600.0, positive_float, group="recrawl"
+    )
+    recrawl_max_interval: float = setting(
+        "BANKER_RECRAWL_MAX_INTERVAL", 1_209_600.0, positive_float, group="recrawl"
+    )
+    recrawl_error_interval: float = setting(
+        "BANKER_RECRAWL_ERROR_INTERVAL", 3_600.0, positive_float, group="recrawl"
+    )
+    recrawl_max_stale: float | None = setting(
+        "BANKER_RECRAWL_MAX_STALE", None, _optional_seconds, group="recrawl"
+    )
+    recrawl_signature: str = setting(
+        "BANKER_RECRAWL_SIGNATURE", "body", one_of(*SIGNATURES), group="recrawl"
+    )
+    recrawl_not_modified: str = setting(
+        "BANKER_RECRAWL_NOT_MODIFIED", "skip", one_of("skip", "callback"), group="recrawl"
+    )
+    recrawl_stay_open: bool = setting("BANKER_RECRAWL_STAY_OPEN", False, boolean, group="recrawl")
     resources: Mapping[str, int] = setting("BANKER_RESOURCES", {}, _resources, group="admission")
     task_claims: Mapping[str, Mapping[str, int]] = setting(
         "BANKER_TASK_CLAIMS", {}, _task_claims, group="admission"
@@ -643,6 +674,20 @@ class BankerConfig:
                 "BANKER_PUSHBACK_BACKOFF_MAX",
                 self.pushback_backoff_max,
                 f"must be >= BANKER_PUSHBACK_BACKOFF ({self.pushback_backoff})",
+            )
+        if not self.recrawl_min_interval <= self.recrawl_interval <= self.recrawl_max_interval:
+            raise _bad(
+                "BANKER_RECRAWL_INTERVAL",
+                self.recrawl_interval,
+                f"must lie between BANKER_RECRAWL_MIN_INTERVAL ({self.recrawl_min_interval}) "
+                f"and BANKER_RECRAWL_MAX_INTERVAL ({self.recrawl_max_interval})",
+            )
+        stale = self.recrawl_max_stale
+        if stale is not None and stale < self.recrawl_min_interval:
+            raise _bad(
+                "BANKER_RECRAWL_MAX_STALE",
+                stale,
+                f"must be None or >= BANKER_RECRAWL_MIN_INTERVAL ({self.recrawl_min_interval})",
             )
         for spec in self.topics.values():
             if spec.slice_s < floor:

@@ -142,6 +142,7 @@ BAD = [
         'BANKER_TOPICS={"a": "x"}',
         "Invalid BANKER_TOPICS['a']='x': expected an integer priority, or a dict with keys",
     ),
+    ("BANKER_RECRAWL_SIGNATURE=dom", "Invalid BANKER_RECRAWL_SIGNATURE='dom': allowed: ['body'"),
     # Parsed by a downloader middleware, while the engine is built.
     ("BANKER_PLACEMENT=nowhere", "Invalid BANKER_PLACEMENT='nowhere': expected one of hash"),
 ]

@@ -33,17 +33,17 @@ ACM TODS 2003).  Two things follow, and this module holds both:
   ``mu`` for the budget.  This is the limit the freshness benchmark
   measures every peer against.
 
-Pure: no Scrapy, Twisted, Redis or clock reads; scipy finds the roots.
+Pure: no Scrapy, Twisted, Redis or clock reads; scipy finds the roots (imported
+on first use: the settings name this module's neighbours, and a worker that
+never revisits should not pay scipy's import).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
-
-from scipy.optimize import brentq
 
 __all__ = [
     "RateEstimate",
@@ -53,6 +53,14 @@ __all__ = [
     "optimal_frequencies",
     "optimal_mu",
 ]
+
+
+def brentq(f: Callable[[float], float], lo: float, hi: float, **kwargs: float) -> float:
+    """:func:`scipy.optimize.brentq`, imported when first needed."""
+    from scipy.optimize import brentq as scipy_brentq
+
+    return float(scipy_brentq(f, lo, hi, **kwargs))
+
 
 #: The half observation of the bias-reduced estimator (see the module's doc).
 _PRIOR_WEIGHT = 0.5

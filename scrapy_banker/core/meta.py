@@ -34,6 +34,8 @@ __all__ = [
     "META_NEED",
     "META_NET_T0",
     "META_PROBE",
+    "META_RECRAWL",
+    "META_REVISIT",
     "META_SLOT",
     "META_TASK",
     "META_TOPIC",
@@ -90,6 +92,13 @@ META_FINISH: Final = "banker_finish"
 #: copies meta -- so a copy never releases the original's grant.
 META_GRANT: Final = "banker_grant"
 
+#: ``True`` on a revisit: a request sent again because its page came due
+#: (``bool``).  Set by :class:`~scrapy_banker.middlewares.RecrawlMiddleware`'s
+#: due loop; read by the same middleware, which sends the page's validators
+#: only with a revisit (a page the spider requests again itself is fetched as
+#: it asked).  Internal; travels, so a retried revisit is still one.
+META_REVISIT: Final = "banker_revisit"
+
 #: Download slot (``str``) the scheduler counted the request against when it
 #: handed it to the engine.  Set by ``BankerScheduler`` at dispatch (its
 #: downloader view, :mod:`scrapy_banker.scheduler.downloader`); set to ``None``
@@ -137,11 +146,19 @@ META_NET_T0: Final = "banker_net_t0"
 #: Redis, with the lease.
 META_CHARGED: Final = "banker_charged"
 
+#: Whether the page this request fetches is revisited when ``BANKER_RECRAWL``
+#: is on (``bool``, default ``True``; ``False`` keeps it out).  Set by the
+#: user; read by :class:`~scrapy_banker.middlewares.RecrawlMiddleware`.
+#: User-facing; travels, so a retry or a redirect keeps the choice.
+META_RECRAWL: Final = "banker_recrawl"
+
 #: Keys a spider may set.
-USER_KEYS: Final = (META_TOPIC, META_NEED, META_TASK, META_MAX, META_HOLD, META_FINISH)
+USER_KEYS: Final = (
+    META_TOPIC, META_NEED, META_TASK, META_MAX, META_HOLD, META_FINISH, META_RECRAWL
+)  # fmt: skip
 #: Keys only scrapy-banker writes.
 INTERNAL_KEYS: Final = (
-    META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0, META_CHARGED
+    META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0, META_CHARGED, META_REVISIT
 )  # fmt: skip
 #: Process-local values: meaningless to another worker, after a restart or on
 #: a copy of the request.  Every other key travels.

@@ -1,0 +1,231 @@
+"""Revisits: fetch a page again when it is due, conditionally, and learn how often it changes.
+
+:class:`RecrawlMiddleware` is the adapter of :mod:`scrapy_banker.core.recrawl`
+(``BANKER_RECRAWL``).  It is a downloader middleware because everything it
+needs passes there: the response that tells whether the page changed, the
+request to send its validators with, and the request to send again.  It
+keeps, per URL, the :class:`~scrapy_banker.core.recrawl.UrlState` and the
+request that fetched it, and a :class:`~scrapy_banker.core.recrawl.DueIndex`;
+a timer hands every due URL back to the engine as an ordinary request
+(``dont_filter``: the URL was seen, on purpose), so a revisit waits in the
+same host queue, obeys the same per-host limit, push-back and budgets as any
+other request.
+
+A revisit (marked ``banker_revisit``) carries ``If-None-Match`` /
+``If-Modified-Since`` from the last copy; a page the spider requests again by
+itself is fetched as it asked.  A ``304`` counts as unchanged; so does a ``200`` whose content
+signature (``BANKER_RECRAWL_SIGNATURE``: the body, or its visible text) did
+not move.  By default a ``304`` ends there (``IgnoreRequest``: the callback
+is not called, the stats count it); ``BANKER_RECRAWL_NOT_MODIFIED="callback"``
+lets ``304`` through to the callback instead.
+
+State lives in this process's memory and is dropped at close: with
+``JOBDIR`` or on a fleet the add-on refuses ``BANKER_RECRAWL`` at start-up
+rather than lose the due times silently.  ``BANKER_RECRAWL_STAY_OPEN`` keeps
+an idle crawl open until the next due time; without it, the crawl closes
+when nothing is due now and counts what was still to come.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request, signals
+from scrapy.exceptions import DontCloseSpider, IgnoreRequest, NotConfigured
+from twisted.internet.task import LoopingCall
+
+from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT
+from scrapy_banker.core.recrawl import DueIndex, Outcome, RecrawlPolicy, UrlState, outcome_of
+from scrapy_banker.core.recrawl import signature as content_signature
+from scrapy_banker.settings import core_config
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from typing_extensions import Self
+
+    from scrapy_banker.settings import BankerConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RecrawlMiddleware"]
+
+#: Meta keys of one delivery that a revisit must not inherit (it is a new fetch).
+_PER_FETCH = frozenset({
+    "download_latency", "download_slot", "download_timeout", "redirect_times", "redirect_ttl",
+    "redirect_urls", "redirect_reasons", "retry_times",
+})  # fmt: skip
+
+#: Statuses that say nothing about the page's content: retried, redirected or refused.
+_NOT_A_COPY = frozenset({301, 302, 303, 307, 308, 429, 503})
+
+
+#: The stats key each outcome counts in (docs/stats.rst).
+_OUTCOME_STAT = {
+    Outcome.CHANGED: "banker/recrawl/changed",
+    Outcome.UNCHANGED: "banker/recrawl/unchanged",
+    Outcome.FAILED: "banker/recrawl/failed",
+}
+
+
+def policy_of(config: BankerConfig) -> RecrawlPolicy:
+    """The revisit policy ``BANKER_RECRAWL_*`` describe (validated with the settings)."""
+    return RecrawlPolicy(
+        interval_s=config.recrawl_interval,
+        min_s=config.recrawl_min_interval,
+        max_s=config.recrawl_max_interval,
+        error_s=config.recrawl_error_interval,
+        max_stale_s=config.recrawl_max_stale,
+    )
+
+
+class RecrawlMiddleware:
+    """Downloader middleware: conditional revisits of every page fetched, when due."""
+
+    def __init__(self, crawler: Crawler, config: BankerConfig) -> None:
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.policy = policy_of(config)
+        self.signature = config.recrawl_signature
+        self.callback_on_304 = config.recrawl_not_modified == "callback"
+        self.stay_open = config.recrawl_stay_open
+        self.states: dict[str, UrlState] = {}
+        #: The request that last fetched each URL: what a revisit copies.
+        self.requests: dict[str, Request] = {}
+        self.due = DueIndex()
+        #: How often due URLs are handed to the engine: a fraction of the least interval.
+        self.tick_s = min(1.0, self.policy.min_s / 4)
+        self._loop: LoopingCall | None = None
+        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
+        crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        config = core_config(crawler)
+        if not config.recrawl:
+            raise NotConfigured()  # bare: being off is no reason to warn
+        return cls(crawler, config)
+
+    # -- the due loop ------------------------------------------------------------------
+
+    def spider_opened(self, spider: Spider) -> None:
+        self._loop = LoopingCall(self.send_due)
+        self._loop.start(self.tick_s, now=False)
+
+    def spider_closed(self, spider: Spider) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._inc("banker/recrawl/due_at_close", len(self.due))
+
+    def spider_idle(self, spider: Spider) -> None:
+        self.send_due()
+        if self.stay_open and len(self.due):
+            raise DontCloseSpider
+
+    def send_due(self) -> int:
+        """Hand every URL due now to the engine; how many."""
+        engine = self.crawler.engine
+        if engine is None:
+            return 0
+        sent = 0
+        for url in self.due.pop_due(time.time()):
+            previous = self.requests.get(url)
+            if previous is None:
+                continue
+            meta = {k: v for k, v in previous.meta.items() if k not in _PER_FETCH}
+            meta[META_REVISIT] = True
+            engine.crawl(previous.replace(url=url, meta=meta, dont_filter=True))
+            sent += 1
+        if sent:
+            self._inc("banker/recrawl/revisits", sent)
+        return sent
+
+    # -- the middleware ----------------------------------------------------------------
+
+    def process_request(self, request: Request, spider: Spider) -> None:
+        if not request.meta.get(META_REVISIT) or not self._tracked(request):
+            return
+        state = self.states.get(request.url)
+        if state is None:
+            return
+        if state.etag and b"If-None-Match" not in request.headers:
+            request.headers[b"If-None-Match"] = state.etag
+        if state.last_modified and b"If-Modified-Since" not in request.headers:
+            request.headers[b"If-Modified-Since"] = state.last_modified
+        if self.callback_on_304 and (state.etag or state.last_modified):
+            allowed = request.meta.get(
+                "handle_httpstatus_list", getattr(spider, "handle_httpstatus_list", [])
+            )
+            if 304 not in allowed:
+                request.meta["handle_httpstatus_list"] = [*allowed, 304]
+
+    def process_response(
+        self, request: Request, response: Response, spider: Spider
+    ) -> Request | Response:
+        if not self._tracked(request) or response.status in _NOT_A_COPY:
+            return response
+        if response.status == 304 and not request.meta.get(META_REVISIT):
+            return response  # the spider's own conditional request: its answer
+        url = response.url
+        now = time.time()
+        state = self.states.get(url) or self.policy.first(now)
+        not_modified = response.status == 304
+        if not_modified or 200 <= response.status < 300:
+            new_signature = None if not_modified else content_signature(response.body,
+                                                                        self.signature)  # fmt: skip
+            outcome = outcome_of(state.signature, new_signature, not_modified=not_modified)
+            state = self.policy.observe(
+                state, now, outcome, signature=new_signature,
+                etag=_header(response, b"ETag"), last_modified=_header(response, b"Last-Modified"),
+            )  # fmt: skip
+        else:
+            outcome = Outcome.FAILED
+            state = self.policy.observe(state, now, outcome)
+        self.states[url] = state
+        self.requests[url] = request
+        self.due.schedule(url, state.due)
+        self._inc(_OUTCOME_STAT[outcome])
+        if not_modified:
+            self._inc("banker/recrawl/not_modified")
+            if not self.callback_on_304:
+                raise IgnoreRequest(f"not modified since the last fetch: {url}")
+        return response
+
+    def process_exception(self, request: Request, exception: Exception, spider: Spider) -> None:
+        if not self._tracked(request) or isinstance(exception, IgnoreRequest):
+            return
+        url = request.url
+        state = self.states.get(url) or self.policy.first(time.time())
+        state = self.policy.observe(state, time.time(), Outcome.FAILED)
+        self.states[url] = state
+        self.requests[url] = request
+        self.due.schedule(url, state.due)
+        self._inc("banker/recrawl/failed")
+
+    # -- helpers -----------------------------------------------------------------------
+
+    @staticmethod
+    def _tracked(request: Request) -> bool:
+        """Revisited: a GET of a page, unless its meta opts out (robots.txt never)."""
+        return (
+            request.method == "GET"
+            and request.meta.get(META_RECRAWL, True) is not False
+            and not request.url.endswith("/robots.txt")
+        )
+
+    def _inc(self, key: str, count: int = 1) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(key, count)
+
+    def status(self) -> dict[str, Any]:
+        """What the revisits look like now (for tests and the operator's views)."""
+        return {"urls": len(self.states), "due": len(self.due), "next_due": self.due.next_due()}
+
+
+def _header(response: Response, name: bytes) -> str | None:
+    value = response.headers.get(name)
+    return None if value is None else value.decode("latin-1")

@@ -1,0 +1,191 @@
+"""Revisits in real crawls: a Scrapy ``CrawlSpider`` on a farm whose pages change.
+
+The farm serves each page's version in its text and its ``ETag``, answers a
+current ``If-None-Match`` with ``304``, and logs when each page's copies left
+(:mod:`scrapy_banker.testing.farm.changes`), so every assertion is on what the
+farm served and counted and on the crawl's stats -- and the freshness the
+crawl kept is judged against the same pages crawled once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import output_tail, run_python
+from scrapy.settings import Settings
+
+from scrapy_banker import Addon
+from scrapy_banker.errors import BankerConfigError
+from scrapy_banker.settings import load_config
+from scrapy_banker.testing.farm import FarmConfig, WebFarm
+from scrapy_banker.testing.farm.changes import judge
+
+PER_HOST = 2
+
+#: 3 hosts, 30 pages; rates between one change per 5 s and two per second, 40 %
+#: of the pages never change.
+FARM = FarmConfig(
+    seed=6, hosts=3, total_pages=30, latency_ms=10.0,
+    page_changes={"rate_min": 0.2, "rate_max": 2.0, "static_share": 0.4},
+)  # fmt: skip
+
+SCRIPT = """
+import json, sys
+from scrapy import signals
+from scrapy.crawler import CrawlerProcess
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+from scrapy_banker.testing.resolver import farm_settings
+
+
+class Pages(CrawlSpider):
+    name = "pages"
+    rules = (Rule(LinkExtractor(allow=[r"farm\\.test"]), callback="parse_page", follow=True),)
+
+    def __init__(self, seeds=(), **kwargs):
+        super().__init__(**kwargs)
+        self.start_urls = list(seeds)
+
+    def parse_page(self, response):
+        yield {"url": response.url, "status": response.status}
+
+
+seeds, extra = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+process = CrawlerProcess({**farm_settings(), "LOG_LEVEL": "INFO",
+                          "ADDONS": {"scrapy_banker.Addon": 500}, **extra})
+crawler = process.create_crawler(Pages)
+items = []
+
+
+def collect(item):
+    items.append(item)
+
+
+crawler.signals.connect(collect, signal=signals.item_scraped)
+process.crawl(crawler, seeds=seeds)
+process.start()
+print("ITEMS " + json.dumps(items))
+print("STATS " + json.dumps({k: v for k, v in crawler.stats.get_stats().items()
+                             if isinstance(v, (int, float, str))}))
+"""
+
+
+def _crawl(tmp_path: Path, farm: WebFarm, **extra: Any) -> tuple[dict[str, Any], list[Any]]:
+    script = tmp_path / "crawl.py"
+    script.write_text(SCRIPT)
+    settings = {
+        "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
+        "ROBOTSTXT_OBEY": False,
+        "BANKER_RECRAWL": True,
+        "BANKER_RECRAWL_INTERVAL": 1.0,
+        "BANKER_RECRAWL_MIN_INTERVAL": 0.5,
+        "BANKER_RECRAWL_MAX_INTERVAL": 4.0,
+        "BANKER_RECRAWL_ERROR_INTERVAL": 1.0,
+        **extra,
+    }
+    proc = run_python(script, json.dumps(farm.start_urls()), json.dumps(settings), timeout=120)
+    assert proc.returncode == 0, output_tail(proc)
+    lines = proc.stdout.splitlines()
+    stats = json.loads(next(x for x in lines if x.startswith("STATS "))[6:])
+    items = json.loads(next(x for x in lines if x.startswith("ITEMS "))[6:])
+    return stats, items
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_crawl_that_stays_open_revisits_its_pages_conditionally_and_stays_fresh(
+    tmp_path: Path,
+) -> None:
+    with WebFarm(FARM) as farm:
+        stats, items = _crawl(tmp_path, farm, BANKER_RECRAWL_STAY_OPEN=True, CLOSESPIDER_TIMEOUT=8)
+        served = farm.stats()
+    changes = farm.model.changes
+    assert changes is not None
+    fetched: dict[str, list[float]] = served["page_fetches"]
+    pages = len(farm.model.expected_urls(farm.port))
+    assert stats["finish_reason"] == "closespider_timeout"
+    assert len(fetched) == pages  # every page found, each fetched at least once
+    # Revisits went out, as ordinary requests: the host limit held.
+    assert stats["banker/recrawl/revisits"] >= pages
+    assert max(served["max_inflight_per_host"].values()) <= PER_HOST
+    assert sum(len(t) for t in fetched.values()) >= 2 * pages
+    # Unchanged pages were confirmed by 304s, each one counted; none reached the callback.
+    assert stats["banker/recrawl/not_modified"] == served["statuses"]["304"] >= 5
+    assert stats["banker/recrawl/unchanged"] >= stats["banker/recrawl/not_modified"]
+    assert {item["status"] for item in items} == {200}
+    assert stats["banker/recrawl/changed"] > pages  # first fetches, and real changes
+
+    # A page that never changes is revisited less and less often (x1.5 per 304).
+    def key(url: str) -> str:
+        return url.split("//", 1)[1].replace(f":{farm.port}", "", 1)
+
+    still = [t for url, t in fetched.items() if changes.rate(key(url)) == 0 and len(t) >= 3]
+    assert still, fetched
+    for times in still:
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert gaps[-1] > gaps[0], times
+    # Fresher than the same pages fetched once, over the same span.
+    end = max(t for times in fetched.values() for t in times)
+    start = min(t for times in fetched.values() for t in times)
+    keys = {key(u): t for u, t in fetched.items()}
+    kept = judge(changes, keys, start, end)
+    once = judge(changes, {k: t[:1] for k, t in keys.items()}, start, end)
+    assert kept.freshness > once.freshness + 0.1, (kept, once)
+    assert kept.age_s < once.age_s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_without_stay_open_the_crawl_closes_and_counts_what_was_still_due(
+    tmp_path: Path,
+) -> None:
+    with WebFarm(FARM) as farm:
+        stats, _ = _crawl(tmp_path, farm, BANKER_RECRAWL_INTERVAL=60.0,
+                          BANKER_RECRAWL_MAX_INTERVAL=120.0)  # fmt: skip
+        served = farm.stats()
+    pages = len(served["page_fetches"])
+    assert stats["finish_reason"] == "finished"
+    assert stats["banker/recrawl/due_at_close"] == pages > 0
+    assert "banker/recrawl/revisits" not in stats
+    # A page the spider itself asked for twice (a start URL, then its link) was
+    # fetched as asked: no validators, no 304, its callback called both times.
+    assert "304" not in served["statuses"] and "banker/recrawl/not_modified" not in stats
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"JOBDIR": "/tmp/job"}, "not available with JOBDIR='/tmp/job'"),
+        (
+            {"SCHEDULER": "scrapy_banker.redis.scheduler.BankerRedisScheduler"},
+            "not available on a fleet",
+        ),
+    ],
+)
+def test_revisits_are_refused_where_their_state_would_be_lost(
+    extra: dict[str, Any], message: str
+) -> None:
+    settings = Settings({"BANKER_RECRAWL": True, **extra})
+    with pytest.raises(BankerConfigError, match=f"Invalid BANKER_RECRAWL=True: .*{message}"):
+        Addon().update_settings(settings)
+    Addon().update_settings(Settings(extra))  # without revisits, the same settings start
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"BANKER_RECRAWL_SIGNATURE": "dom"}, r"BANKER_RECRAWL_SIGNATURE='dom': allowed: \['body'"),
+        ({"BANKER_RECRAWL_NOT_MODIFIED": "x"}, "BANKER_RECRAWL_NOT_MODIFIED='x': allowed"),
+        ({"BANKER_RECRAWL_INTERVAL": 10}, "BANKER_RECRAWL_INTERVAL=10.0: must lie between"),
+        ({"BANKER_RECRAWL_MAX_STALE": 1}, "BANKER_RECRAWL_MAX_STALE=1.0: must be None or >="),
+        ({"BANKER_RECRAWL_MIN_INTERVAL": 0}, "BANKER_RECRAWL_MIN_INTERVAL=0: expected a finite"),
+        ({"BANKER_RECRAWL_STAY_OPEN": "maybe"}, "BANKER_RECRAWL_STAY_OPEN='maybe'"),
+    ],
+)
+def test_a_bad_revisit_setting_names_itself(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(BankerConfigError, match=message):
+        load_config(settings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,49 @@ def test_revisits_are_refused_where_their_state_would_be_lost(
 def test_a_bad_revisit_setting_names_itself(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(BankerConfigError, match=message):
         load_config(settings)
+
+
+def test_a_revisit_carries_the_latest_copys_validators_and_ends_at_a_304() -> None:
+    """Driven by hand (no engine): each revisit is a copy of the spider's own request,
+    with the validators of the newest copy -- not those of the revisit it came after."""
+    from scrapy import Request, Spider
+    from scrapy.exceptions import IgnoreRequest
+    from scrapy.http import HtmlResponse, Response
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_banker.middlewares import RecrawlMiddleware
+
+    crawler = get_crawler(Spider, {"BANKER_RECRAWL": True, "BANKER_RECRAWL_INTERVAL": 1.0,
+                                   "BANKER_RECRAWL_MIN_INTERVAL": 1.0})  # fmt: skip
+    mw = RecrawlMiddleware.from_crawler(crawler)
+    spider = Spider("s")
+    url = "http://a.test/page"
+
+    def parse(response: Response) -> None:
+        pass
+
+    first = Request(url, callback=parse, meta={"depth": 2, "retry_times": 1})
+    mw.process_request(first, spider)
+    assert b"If-None-Match" not in first.headers  # not a revisit: as the spider asked
+    page = HtmlResponse(url, body=b"<p>v1</p>", headers={"ETag": '"v1"'}, request=first)
+    assert mw.process_response(first, page, spider) is page
+    assert mw.revisits(time.time()) == []  # due in a second, not now
+    (again,) = mw.revisits(time.time() + 1.5)
+    assert again.callback is parse and again.dont_filter
+    assert again.meta["depth"] == 2 and "retry_times" not in again.meta
+    assert again.meta["banker_revisit"] is True
+    mw.process_request(again, spider)
+    assert again.headers[b"If-None-Match"] == b'"v1"'
+    changed = HtmlResponse(url, body=b"<p>v2</p>", headers={"ETag": '"v2"'}, request=again)
+    mw.process_response(again, changed, spider)
+    (third,) = mw.revisits(time.time() + 60)
+    mw.process_request(third, spider)
+    assert third.headers[b"If-None-Match"] == b'"v2"'  # the newest copy's, not v1
+    with pytest.raises(IgnoreRequest, match="not modified"):
+        mw.process_response(third, Response(url, status=304, request=third), spider)
+    stats = crawler.stats.get_stats()  # type: ignore[union-attr]
+    assert (stats["banker/recrawl/changed"], stats["banker/recrawl/not_modified"]) == (2, 1)
+    # A 304 to the spider's own conditional request is its answer, not a revisit's.
+    own = Request(url, headers={"If-None-Match": '"v2"'})
+    mine = Response(url, status=304, request=own)
+    assert mw.process_response(own, mine, spider) is mine

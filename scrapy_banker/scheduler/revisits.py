@@ -128,21 +128,29 @@ class RecrawlMiddleware:
 
     def send_due(self) -> int:
         """Hand every URL due now to the engine; how many."""
-        engine = self.crawler.engine
-        if engine is None:
-            return 0
-        sent = 0
-        for url in self.due.pop_due(time.time()):
-            previous = self.requests.get(url)
-            if previous is None:
+        requests = self.revisits(time.time())
+        if requests:
+            engine = self.crawler.engine
+            for request in requests:
+                engine.crawl(request)
+            self._inc("banker/recrawl/revisits", len(requests))
+        return len(requests)
+
+    def revisits(self, now: float) -> list[Request]:
+        """The revisits of every URL due by ``now``, taken off the due index.
+
+        A copy of the request that first fetched the page (its callback, its
+        meta but what one delivery wrote), ``dont_filter``: the URL was seen.
+        """
+        out = []
+        for url in self.due.pop_due(now):
+            first = self.requests.get(url)
+            if first is None:
                 continue
-            meta = {k: v for k, v in previous.meta.items() if k not in _PER_FETCH}
+            meta = {k: v for k, v in first.meta.items() if k not in _PER_FETCH}
             meta[META_REVISIT] = True
-            engine.crawl(previous.replace(url=url, meta=meta, dont_filter=True))
-            sent += 1
-        if sent:
-            self._inc("banker/recrawl/revisits", sent)
-        return sent
+            out.append(first.replace(url=url, meta=meta, dont_filter=True))
+        return out
 
     # -- the middleware ----------------------------------------------------------------
 
@@ -152,10 +160,14 @@ class RecrawlMiddleware:
         state = self.states.get(request.url)
         if state is None:
             return
-        if state.etag and b"If-None-Match" not in request.headers:
-            request.headers[b"If-None-Match"] = state.etag
-        if state.last_modified and b"If-Modified-Since" not in request.headers:
-            request.headers[b"If-Modified-Since"] = state.last_modified
+        # A revisit is this middleware's own request: the validators of the
+        # latest copy replace whatever the request it was copied from carried.
+        for name, value in ((b"If-None-Match", state.etag),
+                            (b"If-Modified-Since", state.last_modified)):  # fmt: skip
+            if value:
+                request.headers[name] = value
+            else:
+                request.headers.pop(name, None)
         if self.callback_on_304 and (state.etag or state.last_modified):
             allowed = request.meta.get(
                 "handle_httpstatus_list", getattr(spider, "handle_httpstatus_list", [])
@@ -186,7 +198,7 @@ class RecrawlMiddleware:
             outcome = Outcome.FAILED
             state = self.policy.observe(state, now, outcome)
         self.states[url] = state
-        self.requests[url] = request
+        self._remember(url, request)
         self.due.schedule(url, state.due)
         self._inc(_OUTCOME_STAT[outcome])
         if not_modified:
@@ -202,11 +214,16 @@ class RecrawlMiddleware:
         state = self.states.get(url) or self.policy.first(time.time())
         state = self.policy.observe(state, time.time(), Outcome.FAILED)
         self.states[url] = state
-        self.requests[url] = request
+        self._remember(url, request)
         self.due.schedule(url, state.due)
         self._inc("banker/recrawl/failed")
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _remember(self, url: str, request: Request) -> None:
+        """Keep the request a revisit of ``url`` copies: the spider's own, not a revisit."""
+        if url not in self.requests or not request.meta.get(META_REVISIT):
+            self.requests[url] = request
 
     @staticmethod
     def _tracked(request: Request) -> bool:

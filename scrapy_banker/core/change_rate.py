@@ -45,6 +45,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scrapy_banker.core.json_fields import fields_from_json
+
 __all__ = [
     "RateEstimate",
     "frequency_at",
@@ -261,16 +263,5 @@ class RateEstimate:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RateEstimate:
         """Read what :meth:`to_json` wrote; ``ValueError`` naming a bad field."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"rate estimate must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(vars(cls())))
-        if unknown:
-            raise ValueError(f"unknown rate estimate fields {unknown}")
-        out: dict[str, float] = {}
-        for key, value in data.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"rate estimate {key}={value!r} is not a number")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"rate estimate {key}={value!r} is not a finite number >= 0")
-            out[key] = float(value)
+        out = fields_from_json(data, "rate estimate", vars(cls()))
         return cls(**out)

@@ -33,11 +33,12 @@ Pure: no Scrapy, Twisted, Redis or clock reads; callers pass ``now``.
 from __future__ import annotations
 
 import email.utils
-import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+
+from scrapy_banker.core.json_fields import fields_from_json
 
 __all__ = [
     "FLOOR_DECAY",
@@ -136,18 +137,7 @@ class HostState:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> HostState:
         """Inverse of :meth:`to_json`; ``ValueError`` names what is wrong."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"host state must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(vars(_DEFAULT)))
-        if unknown:
-            raise ValueError(f"unknown host state fields {unknown}")
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"host state {key}={value!r} is not a number")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"host state {key}={value!r} is not a finite number >= 0")
-            out[key] = int(value) if key in ("refusals", "served") else float(value)
+        out = fields_from_json(data, "host state", vars(_DEFAULT), ints=("refusals", "served"))
         return cls(**out)
 
 

@@ -52,6 +52,7 @@ import lxml.html
 import mmh3
 
 from scrapy_banker.core.change_rate import RateEstimate, frequency_at
+from scrapy_banker.core.json_fields import fields_from_json
 
 __all__ = [
     "ESTIMATORS",
@@ -161,25 +162,10 @@ class UrlState:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> UrlState:
         """Read what :meth:`to_json` wrote; ``ValueError`` naming a bad field."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"URL state must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(vars(_DEFAULT)))
-        if unknown:
-            raise ValueError(f"unknown URL state fields {unknown}")
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            if key == "rate":
-                out[key] = RateEstimate.from_json(value)
-            elif key in _TEXT:
-                if not isinstance(value, str):
-                    raise ValueError(f"URL state {key}={value!r} is not a string")
-                out[key] = value
-            elif isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"URL state {key}={value!r} is not a number")
-            elif not math.isfinite(value) or value < 0:
-                raise ValueError(f"URL state {key}={value!r} is not a finite number >= 0")
-            else:
-                out[key] = int(value) if key in _COUNTS else float(value)
+        out = fields_from_json(
+            data, "URL state", vars(_DEFAULT), ints=_COUNTS, texts=_TEXT,
+            nested={"rate": RateEstimate.from_json},
+        )  # fmt: skip
         return cls(**out)
 
 

@@ -177,11 +177,21 @@ def optimal_frequencies(rates: Sequence[float], budget: float) -> list[float]:
     if mu is None:
         return [0.0] * len(rates)
     out = [frequency_at(r, mu) for r in rates]
-    # Where pages change many times per revisit their frequencies move a lot
-    # with the last bits of mu (or are below what a float resolves): spend
-    # exactly the budget all the same.  A budget that small goes to the
-    # slowest-changing pages, which gain most from their first fetches.
     spent = sum(out)
+    if abs(spent - budget) <= 1e-9 * budget:
+        return out
+    # A page whose one-more-fetch gain is nearly its 1 / rate (a page that
+    # changes many times per revisit) takes whatever budget the others leave
+    # at mu: its frequency there is steeper in mu than a float resolves
+    # (mu x rate = 1 - 1e-30, say), the others' are exact.
+    sinks = [i for i, r in enumerate(rates) if r > 0 and abs(1.0 - mu * r) < 1e-9]
+    others = sum(f for i, f in enumerate(out) if i not in sinks)
+    if sinks and others <= budget:
+        share = (budget - others) / len(sinks)
+        return [share if i in sinks else f for i, f in enumerate(out)]
+    # Otherwise spend exactly the budget all the same; a budget too small to
+    # resolve at all goes to the slowest-changing pages, which gain most from
+    # their first fetches.
     if spent > 0:
         return [f * budget / spent for f in out]
     slowest = min(r for r in rates if r > 0)

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider, IgnoreRequest, NotConfigured
+from scrapy.utils.log import failure_to_exc_info
 from twisted.internet.task import LoopingCall
 
 from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from twisted.python.failure import Failure
     from typing_extensions import Self
 
     from scrapy_banker.settings import BankerConfig
@@ -93,7 +95,7 @@ class RecrawlMiddleware:
         self.callback_on_304 = config.recrawl_not_modified == "callback"
         self.stay_open = config.recrawl_stay_open
         self.states: dict[str, UrlState] = {}
-        #: The request that last fetched each URL: what a revisit copies.
+        #: The spider's own request that fetched each URL: what a revisit copies.
         self.requests: dict[str, Request] = {}
         self.due = DueIndex()
         #: How often due URLs are handed to the engine: a fraction of the least interval.
@@ -114,7 +116,12 @@ class RecrawlMiddleware:
 
     def spider_opened(self, spider: Spider) -> None:
         self._loop = LoopingCall(self.send_due)
-        self._loop.start(self.tick_s, now=False)
+        self._loop.start(self.tick_s, now=False).addErrback(self._loop_failed)
+
+    def _loop_failed(self, failure: Failure) -> None:
+        """One line a person reads; the traceback at DEBUG."""
+        logger.error("Revisits stopped: %s", failure.getErrorMessage())
+        logger.debug("Traceback of the error above", exc_info=failure_to_exc_info(failure))
 
     def spider_closed(self, spider: Spider) -> None:
         if self._loop is not None and self._loop.running:
@@ -237,10 +244,6 @@ class RecrawlMiddleware:
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(key, count)
-
-    def status(self) -> dict[str, Any]:
-        """What the revisits look like now (for tests and the operator's views)."""
-        return {"urls": len(self.states), "due": len(self.due), "next_due": self.due.next_due()}
 
 
 def _header(response: Response, name: bytes) -> str | None:

@@ -51,6 +51,7 @@ class ChangeModel:
     _streams: dict[str, np.random.Generator] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
+    _rates: dict[str, float] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.rate_min <= self.rate_max < math.inf:
@@ -65,50 +66,55 @@ class ChangeModel:
 
     def rate(self, key: str) -> float:
         """The page's change rate, changes per second (0: it never changes)."""
-        draw = self._rng(key, 0).random(2)
-        if draw[0] < self.static_share:
-            return 0.0
-        lo, hi = math.log(self.rate_min), math.log(self.rate_max)
-        return math.exp(lo + (hi - lo) * float(draw[1]))
+        rate = self._rates.get(key)
+        if rate is None:
+            draw = self._rng(key, 0).random(2)
+            lo, hi = math.log(self.rate_min), math.log(self.rate_max)
+            rate = 0.0 if draw[0] < self.static_share else math.exp(lo + (hi - lo) * float(draw[1]))
+            self._rates[key] = rate
+        return rate
 
-    def changes(self, key: str, until: float) -> list[float]:
-        """The page's change times in ``(0, until]``, ascending (drawn once, then extended)."""
+    def _drawn(self, key: str, until: float) -> list[float]:
+        """The page's change times, ascending, drawn past ``until`` (none if it never changes).
+
+        One stream per page, continued: the same times whatever the order of
+        the questions (the farm and the judge ask differently).
+        """
         times = self._times.get(key)
         if times is None:
             times = self._times[key] = []
-        rate = self.rate(key)
-        if rate > 0 and (not times or times[-1] <= until):
-            # One stream per page, continued: the same times whatever the
-            # order of the questions (the farm and the judge ask differently).
-            rng = self._streams.get(key)
-            if rng is None:
-                rng = self._streams[key] = self._rng(key, 1)
-            t = times[-1] if times else 0.0
-            while t <= until:
-                t += float(rng.exponential(1.0 / rate))
-                times.append(t)
+        if not times or times[-1] <= until:
+            rate = self.rate(key)
+            if rate > 0:
+                rng = self._streams.get(key)
+                if rng is None:
+                    rng = self._streams[key] = self._rng(key, 1)
+                t = times[-1] if times else 0.0
+                while t <= until:
+                    t += float(rng.exponential(1.0 / rate))
+                    times.append(t)
+        return times
+
+    def changes(self, key: str, until: float) -> list[float]:
+        """The page's change times in ``(0, until]``, ascending."""
+        times = self._drawn(key, until)
         return times[: bisect.bisect_right(times, until)]
 
     def version(self, key: str, t: float) -> int:
         """How many times the page changed by ``t``: its body's version then."""
-        return len(self.changes(key, t))
+        return bisect.bisect_right(self._drawn(key, t), t)
 
     def changed_at(self, key: str, t: float) -> float:
         """When the version current at ``t`` appeared (0: the page's start)."""
-        times = self.changes(key, t)
-        return times[-1] if times else 0.0
+        times = self._drawn(key, t)
+        i = bisect.bisect_right(times, t)
+        return times[i - 1] if i else 0.0
 
     def next_change(self, key: str, t: float) -> float:
         """The first change after ``t`` (``inf`` for a page that never changes)."""
-        if self.rate(key) == 0:
-            return math.inf
-        horizon = t + 1.0
-        while True:
-            times = self.changes(key, horizon)
-            i = bisect.bisect_right(times, t)
-            if i < len(times):
-                return times[i]
-            horizon = t + 2 * (horizon - t)
+        times = self._drawn(key, t)  # drawn past t: the next one is there
+        i = bisect.bisect_right(times, t)
+        return times[i] if i < len(times) else math.inf
 
     def etag(self, key: str, t: float) -> str:
         """The ``ETag`` the page carries at ``t`` (a strong validator of its version)."""

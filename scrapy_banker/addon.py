@@ -18,6 +18,8 @@ from scrapy_banker.settings import load_config, load_ops_config
 if TYPE_CHECKING:
     from scrapy.settings import Settings
 
+    from scrapy_banker.scheduler.seams import StoreFactory
+
 logger = logging.getLogger(__name__)
 
 SCHEDULER = "scrapy_banker.scheduler.BankerScheduler"
@@ -91,14 +93,11 @@ def _check_recrawl(settings: Settings, recrawl: bool) -> None:
     if not recrawl:
         return
     where = None
-    if settings.get("JOBDIR"):
-        jobdir = settings.get("JOBDIR")
+    jobdir = settings.get("JOBDIR")
+    if jobdir:
         where = f"with JOBDIR={jobdir!r} (a resumed crawl would forget its due times)"
-    else:
-        scheduler = load_object(settings["SCHEDULER"])
-        mro = getattr(scheduler, "__mro__", ())
-        if BankerScheduler in mro and scheduler.store_class is not MemoryStore:
-            where = "on a fleet (each worker would revisit only what it fetched, and lose it)"
+    elif _banker_store(settings) not in (None, MemoryStore):
+        where = "on a fleet (each worker would revisit only what it fetched, and lose it)"
     if where is not None:
         raise BankerConfigError(
             f"Invalid BANKER_RECRAWL=True: revisits keep their state in this process's "
@@ -119,19 +118,24 @@ def _check_jobdir(settings: Settings) -> None:
     root = settings.get("JOBDIR")
     if not root or not os.path.isdir(os.path.join(str(root), "banker")):
         return  # no JOBDIR, or a fresh one: nothing to refuse
-    scheduler = load_object(settings["SCHEDULER"])
-    # The MRO, not issubclass: Scrapy's BaseScheduler metaclass calls any class
-    # with the scheduler methods a subclass.
-    if not (isinstance(scheduler, type) and BankerScheduler in scheduler.__mro__):
-        return
-    if cast("type[BankerScheduler]", scheduler).store_class is not MemoryStore:
-        return  # a fleet's scheduler: its JOBDIR holds no journal of ours
+    if _banker_store(settings) is not MemoryStore:
+        return  # not our scheduler, or a fleet's: its JOBDIR holds no journal of ours
     lock = JobdirLock(str(root))
     lock.acquire()
     try:
         check_resumable(str(root))
     finally:
         lock.release()
+
+
+def _banker_store(settings: Settings) -> StoreFactory | None:
+    """The store class of the configured ``SCHEDULER`` if it is ours, else ``None``."""
+    scheduler = load_object(settings["SCHEDULER"])
+    # The MRO, not issubclass: Scrapy's BaseScheduler metaclass calls any class
+    # with the scheduler methods a subclass.
+    if not (isinstance(scheduler, type) and BankerScheduler in scheduler.__mro__):
+        return None
+    return cast("type[BankerScheduler]", scheduler).store_class
 
 
 def _swap_robotstxt(settings: Settings) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from scrapy_banker.core.directives import BudgetRules
 from scrapy_banker.core.hashing import KEY_POLICIES
 from scrapy_banker.core.politeness import PolitenessConfig
-from scrapy_banker.core.recrawl import SIGNATURES
+from scrapy_banker.core.recrawl import SIGNATURES, RecrawlPolicy
 from scrapy_banker.core.topics import TopicSpec
 from scrapy_banker.errors import BankerConfigError
 
@@ -705,6 +705,16 @@ class BankerConfig:
             backoff_max_s=self.pushback_backoff_max,
             max_refusals=self.pushback_max_refusals,
             crawl_delay_max_s=self.crawl_delay_max,
+        )
+
+    def recrawl_policy(self) -> RecrawlPolicy:
+        """The :class:`~scrapy_banker.core.recrawl.RecrawlPolicy` these settings give."""
+        return RecrawlPolicy(
+            interval_s=self.recrawl_interval,
+            min_s=self.recrawl_min_interval,
+            max_s=self.recrawl_max_interval,
+            error_s=self.recrawl_error_interval,
+            max_stale_s=self.recrawl_max_stale,
         )
 
     def budgets(self) -> BudgetRules:

@@ -38,7 +38,7 @@ from scrapy.utils.log import failure_to_exc_info
 from twisted.internet.task import LoopingCall
 
 from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT
-from scrapy_banker.core.recrawl import DueIndex, Outcome, RecrawlPolicy, UrlState, outcome_of
+from scrapy_banker.core.recrawl import DueIndex, Outcome, UrlState, outcome_of
 from scrapy_banker.core.recrawl import signature as content_signature
 from scrapy_banker.settings import core_config
 
@@ -73,24 +73,13 @@ _OUTCOME_STAT = {
 }
 
 
-def policy_of(config: BankerConfig) -> RecrawlPolicy:
-    """The revisit policy ``BANKER_RECRAWL_*`` describe (validated with the settings)."""
-    return RecrawlPolicy(
-        interval_s=config.recrawl_interval,
-        min_s=config.recrawl_min_interval,
-        max_s=config.recrawl_max_interval,
-        error_s=config.recrawl_error_interval,
-        max_stale_s=config.recrawl_max_stale,
-    )
-
-
 class RecrawlMiddleware:
     """Downloader middleware: conditional revisits of every page fetched, when due."""
 
     def __init__(self, crawler: Crawler, config: BankerConfig) -> None:
         self.crawler = crawler
         self.stats = crawler.stats
-        self.policy = policy_of(config)
+        self.policy = config.recrawl_policy()
         self.signature = config.recrawl_signature
         self.callback_on_304 = config.recrawl_not_modified == "callback"
         self.stay_open = config.recrawl_stay_open
@@ -191,9 +180,9 @@ class RecrawlMiddleware:
             return response  # the spider's own conditional request: its answer
         url = response.url
         now = time.time()
-        state = self.states.get(url) or self.policy.first(now)
         not_modified = response.status == 304
         if not_modified or 200 <= response.status < 300:
+            state = self.states.get(url) or self.policy.first(now)
             new_signature = None if not_modified else content_signature(response.body,
                                                                         self.signature)  # fmt: skip
             outcome = outcome_of(state.signature, new_signature, not_modified=not_modified)
@@ -201,13 +190,9 @@ class RecrawlMiddleware:
                 state, now, outcome, signature=new_signature,
                 etag=_header(response, b"ETag"), last_modified=_header(response, b"Last-Modified"),
             )  # fmt: skip
+            self._record(url, request, state, outcome)
         else:
-            outcome = Outcome.FAILED
-            state = self.policy.observe(state, now, outcome)
-        self.states[url] = state
-        self._remember(url, request)
-        self.due.schedule(url, state.due)
-        self._inc(_OUTCOME_STAT[outcome])
+            self._failed(url, request, now)
         if not_modified:
             self._inc("banker/recrawl/not_modified")
             if not self.callback_on_304:
@@ -215,22 +200,26 @@ class RecrawlMiddleware:
         return response
 
     def process_exception(self, request: Request, exception: Exception, spider: Spider) -> None:
-        if not self._tracked(request) or isinstance(exception, IgnoreRequest):
-            return
-        url = request.url
-        state = self.states.get(url) or self.policy.first(time.time())
-        state = self.policy.observe(state, time.time(), Outcome.FAILED)
-        self.states[url] = state
-        self._remember(url, request)
-        self.due.schedule(url, state.due)
-        self._inc("banker/recrawl/failed")
+        if self._tracked(request) and not isinstance(exception, IgnoreRequest):
+            self._failed(request.url, request, time.time())
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _remember(self, url: str, request: Request) -> None:
-        """Keep the request a revisit of ``url`` copies: the spider's own, not a revisit."""
+    def _failed(self, url: str, request: Request, now: float) -> None:
+        """A fetch of ``url`` that got no copy: tried again after the error interval."""
+        state = self.states.get(url) or self.policy.first(now)
+        state = self.policy.observe(state, now, Outcome.FAILED)
+        self._record(url, request, state, Outcome.FAILED)
+
+    def _record(self, url: str, request: Request, state: UrlState, outcome: Outcome) -> None:
+        """Keep ``url``'s new state, schedule its next visit, count the outcome.
+
+        The request a revisit copies is the spider's own, not a revisit."""
+        self.states[url] = state
         if url not in self.requests or not request.meta.get(META_REVISIT):
             self.requests[url] = request
+        self.due.schedule(url, state.due)
+        self._inc(_OUTCOME_STAT[outcome])
 
     @staticmethod
     def _tracked(request: Request) -> bool:

@@ -149,7 +149,9 @@ def test_the_farm_serves_each_pages_version_its_etag_and_304s() -> None:
         slow_url = f"http://{slow[0]}:{farm.port}{slow[1]}"
         assert len(stats["page_fetches"][slow_url]) == 3  # 200, 304 and 200: all copies
         assert stats["statuses"]["304"] == 1
-        assert 0 < stats["changes_clock_s"] < 60
+        # The changes' clock reads later than every copy it stamped (no wall-clock bound).
+        last = max(t for times in stats["page_fetches"].values() for t in times)
+        assert stats["changes_clock_s"] >= last > 0
     # Without page_changes, no validators and no revision (what every other test sees).
     with WebFarm(FarmConfig(seed=4, hosts=2, total_pages=80)) as plain:
         status, body, resp = _get(plain, *slow)

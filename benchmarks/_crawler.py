@@ -616,3 +616,80 @@ class PlacementTuning(_Extension):
         latency = request.meta.get("download_latency")
         if isinstance(latency, (int, float)):
             self.stats.inc_value(LATENCY_STAT, float(latency) * 1000.0)  # type: ignore[arg-type]
+
+
+# -- freshness.py ------------------------------------------------------------------------
+
+
+class FreshSpider(CrawlSpider):
+    """``freshness.py``: Scrapy's ``CrawlSpider`` over the farm, every page a callback."""
+
+    name = "fresh"
+    rules = (Rule(LinkExtractor(allow=[r"farm\.test"]), callback="parse_page", follow=True),)
+
+    def __init__(self, seeds: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start_urls = list(seeds or [])
+
+    def parse_page(self, response: Response) -> Iterator[dict[str, Any]]:
+        yield {"url": response.url, "status": response.status}
+
+
+#: Meta keys of one delivery that a new fetch of the page must not carry.
+_ONE_DELIVERY = ("download_latency", "download_slot", "download_timeout", "depth")
+
+
+class FixedRevisits(_Extension):
+    """``freshness.py``'s ``uniform`` and ``optimal`` peers: each page fetched again a fixed
+    interval after its last copy, the interval the peer chose for it.
+
+    ``BENCH_REVISIT_INTERVALS``: a JSON file, page key (``host/path``, as the
+    farm's change model names pages) -> seconds, or ``null`` for a page never
+    fetched again.  The crawl stays open (until ``CLOSESPIDER_TIMEOUT``).
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        from scrapy.exceptions import NotConfigured
+
+        path = crawler.settings.get("BENCH_REVISIT_INTERVALS")
+        if not path:
+            raise NotConfigured()
+        self.crawler = crawler
+        self.intervals: dict[str, float | None] = json.loads(Path(path).read_text("utf-8"))
+        self.pending: dict[str, Any] = {}
+        crawler.signals.connect(self.response_received, signal=signals.response_received)
+        crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
+        crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
+
+    def response_received(self, response: Any, request: scrapy.Request, spider: Any) -> None:
+        if request.method != "GET" or response.status != 200:
+            return
+        parts = urlparse_cached(request)
+        interval = self.intervals.get(f"{parts.hostname}{parts.path}")
+        if interval is None:
+            return
+        from twisted.internet import reactor
+
+        old = self.pending.pop(request.url, None)
+        if old is not None and old.active():
+            old.cancel()
+        meta = {k: v for k, v in request.meta.items() if k not in _ONE_DELIVERY}
+        again = request.replace(meta=meta, dont_filter=True)
+        self.pending[request.url] = reactor.callLater(interval, self.send, again)  # type: ignore[attr-defined]
+
+    def send(self, request: scrapy.Request) -> None:
+        self.pending.pop(request.url, None)
+        engine = self.crawler.engine
+        if engine is not None and engine.running:
+            engine.crawl(request)
+
+    def spider_idle(self, spider: Any) -> None:
+        from scrapy.exceptions import DontCloseSpider
+
+        raise DontCloseSpider
+
+    def spider_closed(self, spider: Any) -> None:
+        for call in self.pending.values():
+            if call.active():
+                call.cancel()
+        self.pending.clear()

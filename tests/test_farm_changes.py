@@ -137,8 +137,11 @@ def test_the_farm_serves_each_pages_version_its_etag_and_304s() -> None:
         status, body, resp = _get(farm, *slow)
         etag = resp.getheader("ETag")
         assert status == 200 and etag is not None and b"<p>Revision 0</p>" in body
+        full = farm.stats()["bytes_sent"]
+        assert full > len(body)  # the body, its status line and headers
         status, body, resp = _get(farm, *slow, etag=etag)  # unchanged since
         assert (status, body, resp.getheader("ETag")) == (304, b"", etag)
+        assert 0 < farm.stats()["bytes_sent"] - full < full / 4  # a 304 is headers only
         assert _get(farm, *slow, etag='"other"')[0] == 200
         first = _get(farm, *fast)
         time.sleep(0.5)  # 10+ changes on average at more than 20 a second

@@ -158,6 +158,8 @@ class FarmServer:
         self.pushback.reset()
         self.refused_urls: dict[str, int] = {}
         self.requests = 0
+        #: Bytes of every site's answer written (status line, headers and body).
+        self.bytes_sent = 0
         self.per_host: dict[str, int] = {}
         self.per_node: dict[str, int] = {}
         self.statuses: dict[int, int] = {}
@@ -207,6 +209,7 @@ class FarmServer:
     def stats(self, urls: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
             "requests": self.requests,
+            "bytes_sent": self.bytes_sent,
             "per_host": dict(self.per_host),
             "max_inflight_per_host": dict(self.max_inflight),
             "inflight": {h: n for h, n in self.inflight.items() if n},
@@ -496,6 +499,8 @@ class FarmProtocol(protocol.Protocol):
             head,
             answer.headers,
         )
+        if answer.host is not None:  # a site's answer, not the farm's own bookkeeping
+            self._server.bytes_sent += len(data)
         if answer.delay > 0:
             slot.call = self._server.clock.callLater(answer.delay, self._ready, slot, data)
         else:

@@ -65,6 +65,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -189,9 +190,14 @@ def banker_settings(w: Workload, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_peer(
-    peer: str, farm: WebFarm, w: Workload, keys: set[str], workdir: Path, banker_extra: dict[str, Any]
+    peer: str,
+    farm: WebFarm,
+    w: Workload,
+    keys: set[str],
+    workdir: Path,
+    banker_extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """Crawl with ``peer`` for the workload's duration on a freshly reset farm; what the farm saw."""
+    """Crawl with ``peer`` for the workload's duration on a reset farm; what the farm saw."""
     changes = farm.model.changes
     assert changes is not None
     settings = base_settings(w)
@@ -238,7 +244,7 @@ def violations(served: dict[str, Any], delay_s: float) -> int:
     count = sum(max(0, n - 1) for n in served["max_inflight_per_host"].values())
     for events in served["host_events"].values():
         arrivals = [t for t, kind in events if kind > 0]
-        count += sum(1 for a, b in zip(arrivals, arrivals[1:]) if b - a < 0.95 * delay_s)
+        count += sum(1 for a, b in itertools.pairwise(arrivals) if b - a < 0.95 * delay_s)
     return count
 
 

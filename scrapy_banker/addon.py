@@ -89,20 +89,12 @@ class Addon:
 
 
 def _check_recrawl(settings: Settings, recrawl: bool) -> None:
-    """Refuse revisits where their state would be lost: it lives in this process only."""
-    if not recrawl:
-        return
-    where = None
-    jobdir = settings.get("JOBDIR")
-    if jobdir:
-        where = f"with JOBDIR={jobdir!r} (a resumed crawl would forget its due times)"
-    elif _banker_store(settings) not in (None, MemoryStore):
-        where = "on a fleet (each worker would revisit only what it fetched, and lose it)"
-    if where is not None:
+    """Refuse revisits on a fleet: their state lives in one process (and its JOBDIR)."""
+    if recrawl and _banker_store(settings) not in (None, MemoryStore):
         raise BankerConfigError(
-            f"Invalid BANKER_RECRAWL=True: revisits keep their state in this process's "
-            f"memory only, so they are not available {where}; crawl without it, or in one "
-            "process without JOBDIR"
+            "Invalid BANKER_RECRAWL=True: revisits keep their state in one process (and "
+            "its JOBDIR), so they are not available on a fleet (each worker would revisit "
+            "only what it fetched, and lose it); crawl without it, or in one process"
         )
 
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import output_tail, run_python
+from conftest import child_env, output_tail, run_python
 from scrapy.settings import Settings
 
 from scrapy_banker import Addon
@@ -75,10 +78,8 @@ print("STATS " + json.dumps({k: v for k, v in crawler.stats.get_stats().items()
 """
 
 
-def _crawl(tmp_path: Path, farm: WebFarm, **extra: Any) -> tuple[dict[str, Any], list[Any]]:
-    script = tmp_path / "crawl.py"
-    script.write_text(SCRIPT)
-    settings = {
+def _settings(**extra: Any) -> dict[str, Any]:
+    return {
         "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
         "ROBOTSTXT_OBEY": False,
         "BANKER_RECRAWL": True,
@@ -88,6 +89,12 @@ def _crawl(tmp_path: Path, farm: WebFarm, **extra: Any) -> tuple[dict[str, Any],
         "BANKER_RECRAWL_ERROR_INTERVAL": 1.0,
         **extra,
     }
+
+
+def _crawl(tmp_path: Path, farm: WebFarm, **extra: Any) -> tuple[dict[str, Any], list[Any]]:
+    script = tmp_path / "crawl.py"
+    script.write_text(SCRIPT)
+    settings = _settings(**extra)
     proc = run_python(script, json.dumps(farm.start_urls()), json.dumps(settings), timeout=120)
     assert proc.returncode == 0, output_tail(proc)
     lines = proc.stdout.splitlines()
@@ -112,6 +119,8 @@ def test_a_crawl_that_stays_open_revisits_its_pages_conditionally_and_stays_fres
     assert len(fetched) == pages  # every page found, each fetched at least once
     # Revisits went out, as ordinary requests: the host limit held.
     assert stats["banker/recrawl/revisits"] >= pages
+    # A revisit is a new page for the budgets: it never gives back the first fetch's charge.
+    assert "banker/budget/refunded" not in stats
     assert max(served["max_inflight_per_host"].values()) <= PER_HOST
     assert sum(len(t) for t in fetched.values()) >= 2 * pages
     # Unchanged pages were confirmed by 304s, each one counted; none reached the callback.
@@ -139,6 +148,78 @@ def test_a_crawl_that_stays_open_revisits_its_pages_conditionally_and_stays_fres
     assert kept.age_s < once.age_s
 
 
+def _saved_dues(jobdir: Path) -> dict[str, float]:
+    """Each URL's due time as the JOBDIR's revisits file says (its last complete line wins)."""
+    dues = {}
+    for line in (jobdir / "banker" / "revisits.jsonl").read_text().splitlines(keepends=True):
+        if line.endswith("\n"):
+            record = json.loads(line)
+            dues[record["u"]] = record["s"]["due"]
+    return dues
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("stop", ["kill", "clean"])
+def test_a_jobdir_crawl_resumes_with_every_pages_due_time_and_validators(
+    tmp_path: Path, stop: str
+) -> None:
+    """Stopped by ``kill -9`` once pages were revisited (or cleanly), then resumed: no page
+    is fetched before the due time it had, and the first revisits are conditional."""
+    jobdir = tmp_path / "job"
+    settings = _settings(JOBDIR=str(jobdir), BANKER_RECRAWL_STAY_OPEN=True,
+                         BANKER_RECRAWL_INTERVAL=2.0, BANKER_RECRAWL_MAX_INTERVAL=8.0)  # fmt: skip
+    with WebFarm(FARM) as farm:
+        pages = len(farm.model.expected_urls(farm.port))
+        seeds = set(farm.start_urls())
+        if stop == "clean":
+            first, _ = _crawl(tmp_path, farm, **settings, CLOSESPIDER_TIMEOUT=4)
+            assert first["finish_reason"] == "closespider_timeout"
+        else:
+            script = tmp_path / "crawl.py"
+            script.write_text(SCRIPT)
+            log = tmp_path / "killed.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, str(script), json.dumps(farm.start_urls()),
+                     json.dumps(settings)],
+                    stdout=out, stderr=subprocess.STDOUT, env=child_env(),
+                )  # fmt: skip
+            deadline = time.monotonic() + 60
+            while sum(map(len, farm.stats()["page_fetches"].values())) < 2 * pages:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        dues = _saved_dues(jobdir)
+        before = farm.stats()
+        resumed_at = time.time()
+        second, items = _crawl(tmp_path, farm, **settings, CLOSESPIDER_TIMEOUT=4)
+        after = farm.stats()
+        clock_offset = time.time() - after["changes_clock_s"]  # wall time = clock + offset
+    assert len(dues) >= pages // 2
+    assert second["finish_reason"] == "closespider_timeout"
+    assert second["banker/recrawl/restored"] == len(dues)
+    # No page the JOBDIR knew was fetched before its due time (10 ms of clock reading
+    # aside), but the start URLs: Scrapy's start requests are ``dont_filter``, so a
+    # resumed spider asks for them again itself, and gets them as it asked.
+    early = {}
+    for url, due in dues.items():
+        if url in seeds:
+            continue
+        times = after["page_fetches"].get(url, [])
+        again = [t + clock_offset for t in times if t + clock_offset >= resumed_at]
+        if again and again[0] < due - 0.01:
+            early[url] = (again[0], due)
+    assert not early, early
+    # The first revisits carried the saved validators: unchanged pages answered 304.
+    not_modified = after["statuses"].get("304", 0) - before["statuses"].get("304", 0)
+    assert second["banker/recrawl/not_modified"] == not_modified > 0
+    assert {item["status"] for item in items} <= {200}
+    assert second["banker/recrawl/revisits"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_without_stay_open_the_crawl_closes_and_counts_what_was_still_due(
@@ -157,23 +238,12 @@ def test_without_stay_open_the_crawl_closes_and_counts_what_was_still_due(
     assert "304" not in served["statuses"] and "banker/recrawl/not_modified" not in stats
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"JOBDIR": "/tmp/job"}, "not available with JOBDIR='/tmp/job'"),
-        (
-            {"SCHEDULER": "scrapy_banker.redis.scheduler.BankerRedisScheduler"},
-            "not available on a fleet",
-        ),
-    ],
-)
-def test_revisits_are_refused_where_their_state_would_be_lost(
-    extra: dict[str, Any], message: str
-) -> None:
-    settings = Settings({"BANKER_RECRAWL": True, **extra})
-    with pytest.raises(BankerConfigError, match=f"Invalid BANKER_RECRAWL=True: .*{message}"):
-        Addon().update_settings(settings)
-    Addon().update_settings(Settings(extra))  # without revisits, the same settings start
+def test_revisits_are_refused_on_a_fleet_and_kept_in_a_jobdir(tmp_path: Path) -> None:
+    fleet = {"SCHEDULER": "scrapy_banker.redis.scheduler.BankerRedisScheduler"}
+    with pytest.raises(BankerConfigError, match=r"Invalid BANKER_RECRAWL=True: .*on a fleet"):
+        Addon().update_settings(Settings({"BANKER_RECRAWL": True, **fleet}))
+    Addon().update_settings(Settings(fleet))  # without revisits, the same settings start
+    Addon().update_settings(Settings({"BANKER_RECRAWL": True, "JOBDIR": str(tmp_path)}))
 
 
 @pytest.mark.parametrize(
@@ -220,7 +290,7 @@ def test_a_revisit_carries_the_latest_copys_validators_and_ends_at_a_304() -> No
     (again,) = mw.revisits(time.time() + 1.5)
     assert again.callback is parse and again.dont_filter
     assert again.meta["depth"] == 2 and "retry_times" not in again.meta
-    assert again.meta["banker_revisit"] is True
+    assert again.meta["banker_revisit"] == pytest.approx(time.time() + 1.5, abs=1)  # when sent
     mw.process_request(again, spider)
     assert again.headers[b"If-None-Match"] == b'"v1"'
     changed = HtmlResponse(url, body=b"<p>v2</p>", headers={"ETag": '"v2"'}, request=again)
@@ -228,10 +298,19 @@ def test_a_revisit_carries_the_latest_copys_validators_and_ends_at_a_304() -> No
     (third,) = mw.revisits(time.time() + 60)
     mw.process_request(third, spider)
     assert third.headers[b"If-None-Match"] == b'"v2"'  # the newest copy's, not v1
+    # A second copy while one is downloading (a resumed queue's, beside the
+    # one its due time sent again) is dropped, and so is one sent before the
+    # page's last fetch.
+    with pytest.raises(IgnoreRequest, match="superseded"):
+        mw.process_request(third.copy(), spider)
+    stale = third.replace(meta={**third.meta, "banker_revisit": time.time() - 30})
     with pytest.raises(IgnoreRequest, match="not modified"):
         mw.process_response(third, Response(url, status=304, request=third), spider)
+    with pytest.raises(IgnoreRequest, match="superseded"):
+        mw.process_request(stale, spider)
     stats = crawler.stats.get_stats()  # type: ignore[union-attr]
     assert (stats["banker/recrawl/changed"], stats["banker/recrawl/not_modified"]) == (2, 1)
+    assert stats["banker/recrawl/superseded"] == 2
     # A 304 to the spider's own conditional request is its answer, not a revisit's.
     own = Request(url, headers={"If-None-Match": '"v2"'})
     mine = Response(url, status=304, request=own)

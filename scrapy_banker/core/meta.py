@@ -92,11 +92,13 @@ META_FINISH: Final = "banker_finish"
 #: copies meta -- so a copy never releases the original's grant.
 META_GRANT: Final = "banker_grant"
 
-#: ``True`` on a revisit: a request sent again because its page came due
-#: (``bool``).  Set by :class:`~scrapy_banker.middlewares.RecrawlMiddleware`'s
+#: When a revisit was sent (``float``, wall clock): a request sent again because
+#: its page came due.  Set by :class:`~scrapy_banker.middlewares.RecrawlMiddleware`'s
 #: due loop; read by the same middleware, which sends the page's validators
 #: only with a revisit (a page the spider requests again itself is fetched as
-#: it asked).  Internal; travels, so a retried revisit is still one.
+#: it asked) and drops a revisit whose page was fetched after it was sent.
+#: Internal; travels (a retried revisit is still one, and a JOBDIR keeps it
+#: with a queued revisit).
 META_REVISIT: Final = "banker_revisit"
 
 #: Download slot (``str``) the scheduler counted the request against when it

@@ -114,6 +114,7 @@ __all__ = [
     "JobDir",
     "JobdirLock",
     "JobdirLocked",
+    "append_dead_letter",
 ]
 
 #: A journal shorter than this is never compacted while crawling (a setting
@@ -121,9 +122,22 @@ __all__ = [
 COMPACT_MIN_RECORDS = 100_000
 
 SNAPSHOT = "snapshot.jsonl"
+#: Dead letters, outside ``banker/`` (deleting that folder to start afresh keeps them).
+DEADLETTERS = "banker-deadletter.jsonl"
 LOCK = "lock"
 #: ``flock`` errors that mean "this file system cannot lock", not "someone holds it".
 _NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+def append_dead_letter(jobdir: str, record: dict[str, Any]) -> None:
+    """Keep ``record`` in ``JOBDIR/banker-deadletter.jsonl`` (one JSON line, appended).
+
+    The one writer of that file: the queue's journal and the revisits' file
+    (:mod:`scrapy_banker.scheduler.revisit_log`) both keep what they could
+    not write or read back there.
+    """
+    with open(os.path.join(jobdir, DEADLETTERS), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 class UnresumableJobdir(BankerError, RuntimeError):
@@ -310,7 +324,7 @@ class JobDir:
         self.root = jobdir
         self.path = os.path.join(jobdir, "banker")
         self.snapshot_path = os.path.join(self.path, SNAPSHOT)
-        self.deadletter_path = os.path.join(jobdir, "banker-deadletter.jsonl")
+        self.deadletter_path = os.path.join(jobdir, DEADLETTERS)
         self.codec = codec
         self.stats = stats
         self.fingerprint = fingerprint
@@ -357,8 +371,7 @@ class JobDir:
 
     def _dead_letter(self, record: dict[str, Any]) -> None:
         self._check_writable()
-        with open(self.deadletter_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_dead_letter(self.root, record)
 
     def dead_letter_unsaved(self, request: Request, error: str) -> None:
         """A request only memory held at a clean stop: it will not resume."""

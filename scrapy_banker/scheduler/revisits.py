@@ -19,8 +19,15 @@ not move.  By default a ``304`` ends there (``IgnoreRequest``: the callback
 is not called, the stats count it); ``BANKER_RECRAWL_NOT_MODIFIED="callback"``
 lets ``304`` through to the callback instead.
 
-State lives in this process's memory and is dropped at close: with
-``JOBDIR`` or on a fleet the add-on refuses ``BANKER_RECRAWL`` at start-up
+State lives in this process's memory; with ``JOBDIR`` it is also written,
+URL by URL as fetches end, to the JOBDIR
+(:class:`~scrapy_banker.scheduler.revisit_log.RevisitLog`), so a crawl
+stopped -- cleanly or by ``kill -9`` -- resumes with every page's due time,
+interval, validators and change-rate estimate.  A revisit carries the time
+it was handed to the engine (its ``banker_revisit`` meta): one that reaches
+the downloader after its page was fetched since (the copy a resumed queue
+still held, beside the one the due times sent again) is superseded and
+dropped.  On a fleet the add-on refuses ``BANKER_RECRAWL`` at start-up
 rather than lose the due times silently.  ``BANKER_RECRAWL_STAY_OPEN`` keeps
 an idle crawl open until the next due time; without it, the crawl closes
 when nothing is due now and counts what was still to come.
@@ -34,12 +41,15 @@ from typing import TYPE_CHECKING
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider, IgnoreRequest, NotConfigured
+from scrapy.utils.job import job_dir
 from scrapy.utils.log import failure_to_exc_info
 from twisted.internet.task import LoopingCall
 
-from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT
+from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT, TRANSIENT_KEYS
 from scrapy_banker.core.recrawl import DueIndex, Outcome, UrlState, outcome_of
 from scrapy_banker.core.recrawl import signature as content_signature
+from scrapy_banker.scheduler.revisit_log import RevisitLog
+from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:
@@ -55,10 +65,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["RecrawlMiddleware"]
 
-#: Meta keys of one delivery that a revisit must not inherit (it is a new fetch).
+#: Meta keys of one delivery that a revisit must not inherit (it is a new fetch):
+#: Scrapy's, and scrapy-banker's process-local ones (a revisit carrying the
+#: first fetch's budget charge would give that page back when it is queued).
 _PER_FETCH = frozenset({
     "download_latency", "download_slot", "download_timeout", "redirect_times", "redirect_ttl",
-    "redirect_urls", "redirect_reasons", "retry_times",
+    "redirect_urls", "redirect_reasons", "retry_times", META_REVISIT, *TRANSIENT_KEYS,
 })  # fmt: skip
 
 #: Statuses that say nothing about the page's content: retried, redirected or refused.
@@ -90,6 +102,16 @@ class RecrawlMiddleware:
         #: How often due URLs are handed to the engine: a fraction of the least interval.
         self.tick_s = min(1.0, self.policy.min_s / 4)
         self._loop: LoopingCall | None = None
+        jobdir = job_dir(crawler.settings)
+        #: The JOBDIR's copy of the state (None: memory only).
+        self.log = (
+            None
+            if jobdir is None
+            else RevisitLog(jobdir, RequestCodec(config.serialize_allowed_classes), self.stats)
+        )
+        self.spider: Spider | None = None
+        #: URLs whose revisit is being downloaded: a second copy waits for nothing.
+        self.downloading: set[str] = set()
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
@@ -104,6 +126,9 @@ class RecrawlMiddleware:
     # -- the due loop ------------------------------------------------------------------
 
     def spider_opened(self, spider: Spider) -> None:
+        self.spider = spider
+        if self.log is not None:
+            self._restore(self.log, spider)
         self._loop = LoopingCall(self.send_due)
         self._loop.start(self.tick_s, now=False).addErrback(self._loop_failed)
 
@@ -116,6 +141,23 @@ class RecrawlMiddleware:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._inc("banker/recrawl/due_at_close", len(self.due))
+        if self.log is not None:
+            self.log.compact(self.states)
+            self.log.close()
+
+    def _restore(self, log: RevisitLog, spider: Spider) -> None:
+        """Adopt what the JOBDIR kept: every page's state, request and due time."""
+        restored = log.restore(spider)
+        now = time.time()
+        for url, seen in restored.items():
+            self.states[url] = seen.state
+            self.requests[url] = seen.request
+            self.due.schedule(url, seen.state.due)
+        if restored:
+            overdue = sum(1 for seen in restored.values() if seen.state.due <= now)
+            logger.info("Resumed the revisits of %d pages from %s (%d due now)",
+                        len(restored), log.path, overdue)  # fmt: skip
+            self._inc("banker/recrawl/restored", len(restored))
 
     def spider_idle(self, spider: Spider) -> None:
         self.send_due()
@@ -135,16 +177,16 @@ class RecrawlMiddleware:
     def revisits(self, now: float) -> list[Request]:
         """The revisits of every URL due by ``now``, taken off the due index.
 
-        A copy of the request that first fetched the page (its callback, its
-        meta but what one delivery wrote), ``dont_filter``: the URL was seen.
+        A copy of the spider's request that fetched the page (its callback,
+        its meta but what one delivery wrote: :meth:`_record` kept it so),
+        ``dont_filter``: the URL was seen.
         """
         out = []
         for url in self.due.pop_due(now):
             first = self.requests.get(url)
             if first is None:
                 continue
-            meta = {k: v for k, v in first.meta.items() if k not in _PER_FETCH}
-            meta[META_REVISIT] = True
+            meta = {**first.meta, META_REVISIT: now}
             out.append(first.replace(url=url, meta=meta, dont_filter=True))
         return out
 
@@ -156,6 +198,13 @@ class RecrawlMiddleware:
         state = self.states.get(request.url)
         if state is None:
             return
+        issued = request.meta[META_REVISIT]
+        if request.url in self.downloading or (type(issued) is float and state.fetched > issued):
+            # Fetched since this revisit was sent, or being fetched: a copy that
+            # a resumed queue still held beside the one its due time sent again.
+            self._inc("banker/recrawl/superseded")
+            raise _Superseded(f"revisit superseded by another fetch: {request.url}")
+        self.downloading.add(request.url)
         # A revisit is this middleware's own request: the validators of the
         # latest copy replace whatever the request it was copied from carried.
         for name, value in ((b"If-None-Match", state.etag),
@@ -174,6 +223,8 @@ class RecrawlMiddleware:
     def process_response(
         self, request: Request, response: Response, spider: Spider
     ) -> Request | Response:
+        if request.meta.get(META_REVISIT):
+            self.downloading.discard(request.url)
         if not self._tracked(request) or response.status in _NOT_A_COPY:
             return response
         if response.status == 304 and not request.meta.get(META_REVISIT):
@@ -200,6 +251,8 @@ class RecrawlMiddleware:
         return response
 
     def process_exception(self, request: Request, exception: Exception, spider: Spider) -> None:
+        if request.meta.get(META_REVISIT) and not _superseded(exception):
+            self.downloading.discard(request.url)
         if self._tracked(request) and not isinstance(exception, IgnoreRequest):
             self._failed(request.url, request, time.time())
 
@@ -216,10 +269,17 @@ class RecrawlMiddleware:
 
         The request a revisit copies is the spider's own, not a revisit."""
         self.states[url] = state
-        if url not in self.requests or not request.meta.get(META_REVISIT):
-            self.requests[url] = request
+        new_request = url not in self.requests or not request.meta.get(META_REVISIT)
+        if new_request:
+            meta = {k: v for k, v in request.meta.items() if k not in _PER_FETCH}
+            request = self.requests[url] = request.replace(meta=meta)
         self.due.schedule(url, state.due)
         self._inc(_OUTCOME_STAT[outcome])
+        log = self.log
+        if log is not None:
+            log.write(url, state, request if new_request else None, self.spider)
+            if log.should_compact():
+                log.compact(self.states)
 
     @staticmethod
     def _tracked(request: Request) -> bool:
@@ -233,6 +293,14 @@ class RecrawlMiddleware:
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(key, count)
+
+
+class _Superseded(IgnoreRequest):
+    """A revisit dropped because its page was fetched, or is being fetched, by another."""
+
+
+def _superseded(exception: Exception) -> bool:
+    return isinstance(exception, _Superseded)
 
 
 def _header(response: Response, name: bytes) -> str | None:

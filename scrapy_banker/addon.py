@@ -28,7 +28,11 @@ SCHEDULER = "scrapy_banker.scheduler.BankerScheduler"
 #: filter see requests already tagged; the downloader counter (860) sits next to
 #: DownloaderStats (850), so like it it counts every network response, retried
 #: attempts included.
-SPIDER_MIDDLEWARES = {"scrapy_banker.middlewares.BankerTopicMiddleware": 950}
+SPIDER_MIDDLEWARES = {
+    "scrapy_banker.middlewares.BankerTopicMiddleware": 950,
+    # Revisits: a sitemap's <lastmod> dates, read from the sitemap the output came from.
+    "scrapy_banker.middlewares.SitemapLastmodMiddleware": 960,
+}
 DOWNLOADER_MIDDLEWARES = {
     "scrapy_banker.middlewares.BankerDownloaderMiddleware": 860,
     "scrapy_banker.middlewares.NetworkMeasureMiddleware": 865,

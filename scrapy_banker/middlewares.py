@@ -20,7 +20,7 @@ from scrapy_banker.core.meta import META_GRANT, META_SLOT
 from scrapy_banker.scheduler import running_banker
 from scrapy_banker.scheduler.netaware import NetworkMeasureMiddleware
 from scrapy_banker.scheduler.politeness_gate import HeldBack
-from scrapy_banker.scheduler.revisits import RecrawlMiddleware
+from scrapy_banker.scheduler.revisits import RecrawlMiddleware, SitemapLastmodMiddleware
 from scrapy_banker.scheduler.robots import BankerRobotsTxtMiddleware
 from scrapy_banker.scheduler.topic import request_topic
 from scrapy_banker.scheduler.wire import WireGateMiddleware
@@ -40,6 +40,7 @@ __all__ = [
     "BankerTopicMiddleware",
     "NetworkMeasureMiddleware",
     "RecrawlMiddleware",
+    "SitemapLastmodMiddleware",
     "WireGateMiddleware",
 ]
 

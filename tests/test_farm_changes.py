@@ -160,3 +160,39 @@ def test_the_farm_serves_each_pages_version_its_etag_and_304s() -> None:
         status, body, resp = _get(plain, *slow)
         assert status == 200 and resp.getheader("ETag") is None and b"Revision" not in body
         assert "page_fetches" not in plain.stats()
+
+
+@pytest.mark.slow
+def test_each_host_serves_a_sitemap_with_its_pages_lastmod_and_a_liar_stamps_now() -> None:
+    from scrapy.utils.sitemap import Sitemap
+
+    from scrapy_banker.core.recrawl import parse_lastmod
+
+    rates = {"rate_min": 0.5, "rate_max": 5.0, "static_share": 0.5, "lying_share": 0.5}
+    config = FarmConfig(seed=4, hosts=6, total_pages=60, page_changes=rates)
+    model = FarmModel(config)
+    changes = model.changes
+    assert changes is not None
+    hosts = [model.host_name(i) for i in range(6)]
+    honest = next(i for i, h in enumerate(hosts) if not changes.lies(h))
+    liar = next(i for i, h in enumerate(hosts) if changes.lies(h))
+    with WebFarm(config) as farm:
+        time.sleep(1.0)  # let the changing pages change
+        started = time.time() - farm.stats()["changes_clock_s"]
+        for i in (honest, liar):
+            status, body, resp = _get(farm, hosts[i], "/sitemap.xml")
+            served_at = time.time()
+            assert status == 200 and resp.getheader("Content-Type") == "application/xml"
+            dates = {e["loc"]: parse_lastmod(e["lastmod"]) for e in Sitemap(body)}
+            assert set(dates) == {f"http://{hosts[i]}:{farm.port}{p}" for p in model.paths(i)}
+            for path in model.paths(i):
+                at = dates[f"http://{hosts[i]}:{farm.port}{path}"]
+                assert at is not None
+                if i == liar:  # every page "changed" as the sitemap was served
+                    assert served_at - 1.0 < at <= served_at + 0.01
+                elif changes.rate(f"{hosts[i]}{path}") == 0:  # never changed: the start
+                    assert at == pytest.approx(started, abs=0.05)
+                else:  # one of the page's change times, on the changes' clock
+                    times = changes.changes(f"{hosts[i]}{path}", served_at - started + 1)
+                    assert min(abs(t - (at - started)) for t in [0.0, *times]) < 0.02
+        assert "/sitemap.xml" not in str(farm.stats()["page_fetches"])  # not a page

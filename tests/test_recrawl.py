@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -12,10 +13,13 @@ from hypothesis import strategies as st
 from scrapy_banker.core.change_rate import RateEstimate, frequency_at, optimal_mu
 from scrapy_banker.core.recrawl import (
     DueIndex,
+    LastmodTrust,
     Outcome,
     RecrawlPolicy,
     UrlState,
+    apply_lastmod,
     outcome_of,
+    parse_lastmod,
     signature,
 )
 
@@ -225,3 +229,62 @@ def test_a_text_signature_ignores_markup_scripts_and_comments_but_not_words() ->
     assert signature(b'{"a": 1}', "text") != signature(b'{"a": 2}', "text")
     with pytest.raises(ValueError, match=r"one of \['body', 'text'\]"):
         signature(_PAGE, "dom")
+
+
+# -- sitemap lastmod --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2024-05-01T10:00:00+00:00", "2024-05-01T10:00:00+00:00"),
+        ("2024-05-01T12:00:00+02:00", "2024-05-01T10:00:00+00:00"),
+        ("2024-05-01T10:00Z", "2024-05-01T10:00:00+00:00"),
+        ("2024-05-01T10:00:00.5Z", "2024-05-01T10:00:00.500000+00:00"),
+        ("2024-05-01", "2024-05-01T00:00:00+00:00"),
+        (" 2024-05 ", "2024-05-01T00:00:00+00:00"),
+        ("2024", "2024-01-01T00:00:00+00:00"),
+        ("2024-05-01T10:00:00", "2024-05-01T10:00:00+00:00"),  # no zone: UTC
+    ],
+)
+def test_a_sitemap_lastmod_reads_as_a_posix_time(text: str, expected: str) -> None:
+    from datetime import datetime
+
+    assert parse_lastmod(text) == datetime.fromisoformat(expected).timestamp()
+
+
+@pytest.mark.parametrize("text", ["", "yesterday", "2024-13-01", "01/05/2024", "2024-5"])
+def test_a_lastmod_that_is_no_w3c_datetime_is_none(text: str) -> None:
+    assert parse_lastmod(text) is None
+
+
+def test_a_hosts_lastmod_is_trusted_once_its_claims_proved_right() -> None:
+    trust = LastmodTrust()
+    before = UrlState(due=200.0, succeeded=100.0, claimed=150.0)  # claims a change since
+    trust.check_fetch("a", before, Outcome.CHANGED)
+    assert not trust.trusted("a")  # one right claim is not enough
+    trust.check_fetch("a", replace(before, claimed=90.0), Outcome.UNCHANGED)  # no change: right
+    assert trust.trusted("a") and not trust.trusted("b")
+    trust.check_fetch("a", before, Outcome.FAILED)  # a failed fetch checks nothing
+    trust.check_fetch("a", replace(before, claimed=0.0), Outcome.UNCHANGED)  # no claim
+    assert (trust.right, trust.wrong) == ({"a": 2}, {})
+    trust.check_fetch("a", before, Outcome.UNCHANGED)  # claimed a change that was not
+    assert not trust.trusted("a")  # 1 wrong in 3
+    for _ in range(8):
+        trust.check_fetch("a", before, Outcome.CHANGED)
+    assert trust.trusted("a")  # 1 wrong in 11
+
+
+def test_a_trusted_claim_of_a_change_makes_the_page_due_now() -> None:
+    state = UrlState(due=500.0, succeeded=100.0)
+    assert apply_lastmod(state, 150.0, 200.0, trusted=False) == replace(state, claimed=150.0)
+    assert apply_lastmod(state, 150.0, 200.0, trusted=True).due == 200.0
+    assert apply_lastmod(state, 90.0, 200.0, trusted=True).due == 500.0  # no change since
+    overdue = replace(state, due=120.0)
+    assert apply_lastmod(overdue, 150.0, 200.0, trusted=True).due == 120.0  # never later
+    # The next successful fetch checks the claim and clears it; a failure keeps it.
+    policy = RecrawlPolicy(interval_s=10.0, min_s=1.0, max_s=100.0)
+    claimed = replace(state, claimed=150.0, interval=10.0)
+    assert policy.observe(claimed, 200.0, Outcome.CHANGED, signature="x").claimed == 0.0
+    assert policy.observe(claimed, 200.0, Outcome.FAILED).claimed == 150.0
+    assert UrlState.from_json(claimed.to_json()) == claimed

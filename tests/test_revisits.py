@@ -91,11 +91,42 @@ def _settings(**extra: Any) -> dict[str, Any]:
     }
 
 
-def _crawl(tmp_path: Path, farm: WebFarm, **extra: Any) -> tuple[dict[str, Any], list[Any]]:
+#: The same crawl with Scrapy's ``SitemapSpider``, from each host's ``/sitemap.xml``.
+SITEMAP_SCRIPT = SCRIPT.replace(
+    "from scrapy.spiders import CrawlSpider, Rule",
+    "from scrapy.spiders import CrawlSpider, Rule, SitemapSpider",
+).replace(
+    """class Pages(CrawlSpider):
+    name = "pages"
+    rules = (Rule(LinkExtractor(allow=[r"farm\\.test"]), callback="parse_page", follow=True),)
+
+    def __init__(self, seeds=(), **kwargs):
+        super().__init__(**kwargs)
+        self.start_urls = list(seeds)
+""",
+    """class Pages(SitemapSpider):
+    name = "pages"
+    sitemap_rules = [("", "parse_page")]
+
+    def __init__(self, seeds=(), **kwargs):
+        super().__init__(**kwargs)
+        self.sitemap_urls = list(seeds)
+""",
+)
+
+
+def _crawl(
+    tmp_path: Path, farm: WebFarm, *, sitemap: bool = False, **extra: Any
+) -> tuple[dict[str, Any], list[Any]]:
     script = tmp_path / "crawl.py"
-    script.write_text(SCRIPT)
+    script.write_text(SITEMAP_SCRIPT if sitemap else SCRIPT)
     settings = _settings(**extra)
-    proc = run_python(script, json.dumps(farm.start_urls()), json.dumps(settings), timeout=120)
+    seeds = (
+        [farm.url(i, "/sitemap.xml") for i in range(farm.model.config.hosts)]
+        if sitemap
+        else farm.start_urls()
+    )
+    proc = run_python(script, json.dumps(seeds), json.dumps(settings), timeout=120)
     assert proc.returncode == 0, output_tail(proc)
     lines = proc.stdout.splitlines()
     stats = json.loads(next(x for x in lines if x.startswith("STATS "))[6:])
@@ -218,6 +249,49 @@ def test_a_jobdir_crawl_resumes_with_every_pages_due_time_and_validators(
     assert second["banker/recrawl/not_modified"] == not_modified > 0
     assert {item["status"] for item in items} <= {200}
     assert second["banker/recrawl/revisits"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_sitemap_spider_revisits_and_a_trusted_lastmod_brings_pages_forward(
+    tmp_path: Path,
+) -> None:
+    """Scrapy's ``SitemapSpider`` on hosts whose sitemaps tell the truth: the sitemap is
+    revisited like a page, and once a host's dates proved right they make pages due."""
+    assert SITEMAP_SCRIPT != SCRIPT
+    with WebFarm(FARM) as farm:
+        stats, items = _crawl(tmp_path, farm, sitemap=True, BANKER_RECRAWL_STAY_OPEN=True,
+                              CLOSESPIDER_TIMEOUT=8)  # fmt: skip
+        served = farm.stats(urls=True)
+        model = farm.model
+        pages = {model.url(i, p, farm.port) for i in range(3) for p in model.paths(i)}
+    assert stats["finish_reason"] == "closespider_timeout"
+    assert set(served["page_fetches"]) == pages  # every <loc>, and nothing else, as pages
+    sitemaps = [u for u in served["fetches"] if u.endswith("/sitemap.xml")]
+    assert len(sitemaps) == 3 and all(served["fetches"][u] >= 3 for u in sitemaps)  # revisited
+    assert stats["banker/recrawl/lastmod_read"] >= 3 * len(pages)
+    assert stats["banker/recrawl/lastmod_due"] > 0
+    assert stats["banker/recrawl/not_modified"] == served["statuses"]["304"] > 0
+    assert {item["status"] for item in items} == {200}
+    assert max(served["max_inflight_per_host"].values()) <= PER_HOST
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_sitemap_whose_lastmod_is_wrong_never_moves_a_due_time(tmp_path: Path) -> None:
+    """Every host stamps every page "changed now" and no page ever changes: each claim
+    is proved wrong by the next fetch, so no host is trusted and no page comes early."""
+    liars = FarmConfig(seed=6, hosts=3, total_pages=30, latency_ms=10.0,
+                       page_changes={"rate_min": 1.0, "rate_max": 1.0, "static_share": 1.0,
+                                     "lying_share": 1.0})  # fmt: skip
+    with WebFarm(liars) as farm:
+        stats, _ = _crawl(tmp_path, farm, sitemap=True, BANKER_RECRAWL_STAY_OPEN=True,
+                          CLOSESPIDER_TIMEOUT=6)  # fmt: skip
+        served = farm.stats()
+    assert stats["banker/recrawl/lastmod_read"] > 0
+    assert "banker/recrawl/lastmod_due" not in stats
+    assert stats["banker/recrawl/not_modified"] == served["statuses"]["304"] > 0
+    assert "banker/recrawl/changed" in stats and stats["banker/recrawl/unchanged"] > 0
 
 
 @pytest.mark.slow

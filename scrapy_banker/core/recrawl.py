@@ -45,6 +45,7 @@ import itertools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any
 
 import lxml.etree
@@ -57,11 +58,15 @@ from scrapy_banker.core.json_fields import fields_from_json
 __all__ = [
     "ESTIMATORS",
     "SIGNATURES",
+    "TRUST_AFTER",
     "DueIndex",
+    "LastmodTrust",
     "Outcome",
     "RecrawlPolicy",
     "UrlState",
+    "apply_lastmod",
     "outcome_of",
+    "parse_lastmod",
     "signature",
 ]
 
@@ -148,6 +153,9 @@ class UrlState:
     unchanged: int = 0
     failures: int = 0
     rate: RateEstimate = field(default_factory=RateEstimate)
+    #: The ``lastmod`` a sitemap gave since the last successful fetch (0: none),
+    #: which the next fetch checks (:class:`LastmodTrust`).
+    claimed: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -262,6 +270,7 @@ class RecrawlPolicy:
             changes=state.changes + changed,
             unchanged=state.unchanged + (not changed),
             rate=rate,
+            claimed=0.0,
         )
         return replace(next_state, due=self._due(now, interval))
 
@@ -285,6 +294,71 @@ class RecrawlPolicy:
         if self.max_stale_s is not None:
             interval = min(interval, self.max_stale_s)
         return now + interval
+
+
+#: Claims of a host's sitemap ``lastmod`` that must prove right before it moves due times.
+TRUST_AFTER = 2
+
+
+class LastmodTrust:
+    """Whether a host's sitemap ``lastmod`` may move its pages' due times.
+
+    A sitemap's ``lastmod`` says when a page last changed; many are wrong (a
+    build time, the time the sitemap was generated).  Each claim is checked
+    by the page's next fetch: a claim of a change since the last copy is
+    right if the fetch finds the page changed, a claim of none if it finds
+    it unchanged.  A host is trusted once :data:`TRUST_AFTER` claims proved
+    right and while at most one in ten checked was wrong.
+    """
+
+    def __init__(self) -> None:
+        self.right: dict[str, int] = {}
+        self.wrong: dict[str, int] = {}
+
+    def check(self, host: str, claimed_change: bool, changed: bool) -> None:
+        """A fetch of one of ``host``'s pages checked a claim."""
+        book = self.right if claimed_change == changed else self.wrong
+        book[host] = book.get(host, 0) + 1
+
+    def trusted(self, host: str) -> bool:
+        right, wrong = self.right.get(host, 0), self.wrong.get(host, 0)
+        return right >= TRUST_AFTER and 10 * wrong <= right
+
+
+    def check_fetch(self, host: str, before: UrlState, outcome: Outcome) -> None:
+        """A fetch that showed ``outcome`` checks the claim ``before`` held, if any."""
+        if before.claimed > 0 and outcome is not Outcome.FAILED:
+            self.check(host, before.claimed > before.succeeded, outcome is Outcome.CHANGED)
+
+
+def parse_lastmod(text: str) -> float | None:
+    """A sitemap ``lastmod`` (W3C datetime: ``2024``, ``2024-05``, ``2024-05-01``,
+    ``2024-05-01T10:00Z``, ``2024-05-01T10:00:00.5+02:00``) as a POSIX time; a
+    time without a zone is taken as UTC; ``None`` if it is none of these."""
+    text = text.strip()
+    if len(text) == 4 and text.isdigit():
+        text += "-01-01"
+    elif len(text) == 7 and text[4] == "-":
+        text += "-01"
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def apply_lastmod(state: UrlState, lastmod: float, now: float, trusted: bool) -> UrlState:
+    """``state`` after a sitemap gave its page ``lastmod``.
+
+    The claim is kept for the next fetch to check; a trusted claim of a
+    change since the last copy makes the page due now.
+    """
+    out = replace(state, claimed=lastmod)
+    if trusted and lastmod > state.succeeded and state.due > now:
+        out = replace(out, due=now)
+    return out
 
 
 class DueIndex:

@@ -37,16 +37,29 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider, IgnoreRequest, NotConfigured
+from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
+from scrapy.utils.gz import gunzip, gzip_magic_number
 from scrapy.utils.job import job_dir
 from scrapy.utils.log import failure_to_exc_info
+from scrapy.utils.sitemap import Sitemap
 from twisted.internet.task import LoopingCall
 
 from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT, TRANSIENT_KEYS
-from scrapy_banker.core.recrawl import DueIndex, Outcome, UrlState, outcome_of
+from scrapy_banker.core.recrawl import (
+    DueIndex,
+    LastmodTrust,
+    Outcome,
+    UrlState,
+    apply_lastmod,
+    outcome_of,
+    parse_lastmod,
+)
 from scrapy_banker.core.recrawl import signature as content_signature
 from scrapy_banker.scheduler.revisit_log import RevisitLog
 from scrapy_banker.scheduler.serialize import RequestCodec
@@ -63,7 +76,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RecrawlMiddleware"]
+__all__ = ["RecrawlMiddleware", "SitemapLastmodMiddleware", "running_recrawl"]
+
+#: The revisit middleware of each running crawl (what the sitemap middleware reports to).
+_RUNNING: weakref.WeakKeyDictionary[Crawler, RecrawlMiddleware] = weakref.WeakKeyDictionary()
+
+
+def running_recrawl(crawler: Crawler) -> RecrawlMiddleware | None:
+    """The crawl's :class:`RecrawlMiddleware`, or None when revisits are off."""
+    return _RUNNING.get(crawler)
+
 
 #: Meta keys of one delivery that a revisit must not inherit (it is a new fetch):
 #: Scrapy's, and scrapy-banker's process-local ones (a revisit carrying the
@@ -112,6 +134,9 @@ class RecrawlMiddleware:
         self.spider: Spider | None = None
         #: URLs whose revisit is being downloaded: a second copy waits for nothing.
         self.downloading: set[str] = set()
+        #: Which hosts' sitemap ``lastmod`` proved right (:class:`SitemapLastmodMiddleware`).
+        self.trust = LastmodTrust()
+        _RUNNING[crawler] = self
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
@@ -237,6 +262,7 @@ class RecrawlMiddleware:
             new_signature = None if not_modified else content_signature(response.body,
                                                                         self.signature)  # fmt: skip
             outcome = outcome_of(state.signature, new_signature, not_modified=not_modified)
+            self.trust.check_fetch(_host(url), state, outcome)
             state = self.policy.observe(
                 state, now, outcome, signature=new_signature,
                 etag=_header(response, b"ETag"), last_modified=_header(response, b"Last-Modified"),
@@ -281,6 +307,21 @@ class RecrawlMiddleware:
             if log.should_compact():
                 log.compact(self.states)
 
+    def lastmod(self, url: str, at: float) -> None:
+        """A sitemap says ``url`` last changed at ``at``: checked by its next fetch, and,
+        once its host's claims proved right, a change since the last copy makes it due now."""
+        state = self.states.get(url)
+        if state is None:  # not fetched yet: its first fetch is to come anyway
+            return
+        now = time.time()
+        new = apply_lastmod(state, at, now, self.trust.trusted(_host(url)))
+        self.states[url] = new
+        if new.due != state.due:
+            self.due.schedule(url, new.due)
+            self._inc("banker/recrawl/lastmod_due")
+        if self.log is not None:
+            self.log.write(url, new, None, self.spider)
+
     @staticmethod
     def _tracked(request: Request) -> bool:
         """Revisited: a GET of a page, unless its meta opts out (robots.txt never)."""
@@ -293,6 +334,76 @@ class RecrawlMiddleware:
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(key, count)
+
+
+class SitemapLastmodMiddleware(BaseSpiderMiddleware):
+    """Spider middleware: hand each sitemap ``<lastmod>`` to the revisits.
+
+    Scrapy's ``SitemapSpider`` reads a sitemap's ``<loc>`` entries and drops
+    their ``<lastmod>``.  This middleware reads the ``lastmod`` of the URLs a
+    response's callback requested from the response's own sitemap (a
+    ``urlset``, gzipped or not), whatever spider parsed it, and reports each
+    to :meth:`RecrawlMiddleware.lastmod`: the requests themselves go on
+    unchanged (a page already fetched is dropped by the dupefilter, as
+    before).  A sitemap is itself a page, so it is revisited like one, and
+    each new read of it passes its dates on.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self.stats = crawler.stats
+        self._dates: tuple[Response | None, dict[str, float]] = (None, {})
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        if not core_config(crawler).recrawl:
+            raise NotConfigured()  # bare: being off is no reason to warn
+        return cls(crawler)
+
+    def get_processed_request(self, request: Request, response: Response | None) -> Request:
+        if response is None:
+            return request
+        seen, dates = self._dates
+        if seen is not response:
+            dates = sitemap_dates(response)
+            self._dates = (response, dates)
+            if dates and self.stats is not None:
+                self.stats.inc_value("banker/recrawl/lastmod_read", len(dates))
+        at = dates.get(request.url)
+        recrawl = running_recrawl(self.crawler)
+        if at is not None and recrawl is not None:
+            recrawl.lastmod(request.url, at)
+        return request
+
+
+def sitemap_dates(response: Response) -> dict[str, float]:
+    """``<loc>`` -> ``<lastmod>`` (POSIX time) of a sitemap ``urlset``; empty for anything else."""
+    body = response.body
+    if gzip_magic_number(response):
+        try:
+            body = gunzip(body, max_size=50 * 1024 * 1024)
+        except OSError:
+            return {}
+    if b"<urlset" not in body[:4096]:
+        return {}
+    try:
+        sitemap = Sitemap(body)
+    except Exception:
+        return {}
+    if sitemap.type != "urlset":
+        return {}
+    out = {}
+    for entry in sitemap:
+        loc, text = entry.get("loc"), entry.get("lastmod")
+        if loc and text:
+            at = parse_lastmod(text)
+            if at is not None:
+                out[loc] = at
+    return out
+
+
+def _host(url: str) -> str:
+    return urlsplit(url).hostname or ""
 
 
 class _Superseded(IgnoreRequest):

@@ -39,12 +39,15 @@ class ChangeModel:
     ``rate_min`` / ``rate_max``: changes per second, the range rates are
     drawn from, uniformly in their logarithm; ``static_share``: the share of
     pages that never change.  Keys are whatever names a page (its path).
+    ``lying_share``: the share of hosts whose sitemap ``lastmod`` is wrong
+    (:meth:`lies`).
     """
 
     seed: int = 7
     rate_min: float = 1e-3
     rate_max: float = 1.0
     static_share: float = 0.1
+    lying_share: float = 0.0
     _times: dict[str, list[float]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -60,6 +63,13 @@ class ChangeModel:
             )
         if not 0 <= self.static_share <= 1:
             raise ValueError(f"static_share must be in [0, 1], got {self.static_share!r}")
+        if not 0 <= self.lying_share <= 1:
+            raise ValueError(f"lying_share must be in [0, 1], got {self.lying_share!r}")
+
+    def lies(self, host: str) -> bool:
+        """Whether ``host``'s sitemap stamps every page with the time it is served
+        (a ``lastmod`` that claims a change at every read) instead of its last change."""
+        return float(self._rng(host, 2).random()) < self.lying_share
 
     def _rng(self, key: str, stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, stream, zlib.crc32(key.encode("utf-8"))])

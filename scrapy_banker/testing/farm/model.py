@@ -181,7 +181,8 @@ class FarmConfig:
     crawl_delays: dict[int, float] = field(default_factory=dict)
     #: Generated pages change over time (empty: never): the keyword arguments of
     #: :class:`~scrapy_banker.testing.farm.changes.ChangeModel` but its seed
-    #: (``rate_min``, ``rate_max``, ``static_share``), rates per farm second.
+    #: (``rate_min``, ``rate_max``, ``static_share``, ``lying_share``), rates per
+    #: farm second.  Each generated host then also serves ``/sitemap.xml``.
     page_changes: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -280,7 +281,8 @@ class FarmConfig:
             if outside:
                 raise ValueError(f"{what} names hosts {outside} outside range(0, {self.hosts})")
         if self.page_changes:
-            unknown = sorted(set(self.page_changes) - {"rate_min", "rate_max", "static_share"})
+            known = {"rate_min", "rate_max", "static_share", "lying_share"}
+            unknown = sorted(set(self.page_changes) - known)
             if unknown:
                 raise ValueError(f"page_changes has unknown keys {unknown}")
             ChangeModel(seed=self.seed, **self.page_changes)  # its own errors

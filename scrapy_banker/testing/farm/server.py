@@ -37,6 +37,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final, Protocol, cast
 from urllib.parse import parse_qs, urlsplit
@@ -63,6 +64,9 @@ _NODE_HEADER_LOWER: Final = NODE_HEADER.lower().encode()
 _HTML: Final = b"text/html; charset=utf-8"
 _JSON: Final = b"application/json"
 _TEXT: Final = b"text/plain; charset=utf-8"
+_XML: Final = b"application/xml"
+#: A generated host's sitemap, served when its pages change (``page_changes``).
+SITEMAP_PATH: Final = "/sitemap.xml"
 
 
 def _response(
@@ -319,6 +323,10 @@ class FarmServer:
             answer = _Answer(405, _status_body(405, method), host=hostname)
         elif i is None:
             answer = _Answer(404, _status_body(404, f"unknown host {hostname}"), host=hostname)
+        elif path == SITEMAP_PATH and self.model.changes is not None:
+            body = self._sitemap(i, hostname)
+            delay = self.model.latency_ms(i, node) / 1000.0
+            answer = _Answer(200, body, delay, hostname, _XML)
         elif path == ROBOTS_PATH and (robots := self.model.robots_txt(i)) is not None:
             delay = self.model.latency_ms(i, node) / 1000.0
             delay += self.model.bandwidth_delay_s(i, len(robots))
@@ -355,6 +363,27 @@ class FarmServer:
         at = body.rfind(b"</body>")
         body = body[:at] + mark + body[at:] if at >= 0 else body + mark
         return _Answer(200, body, answer.delay, answer.host, answer.content_type, headers)
+
+    def _sitemap(self, i: int, hostname: str) -> bytes:
+        """Host ``i``'s pages with the time of their current version as ``lastmod``
+        (a lying host, :meth:`ChangeModel.lies`: the time of this answer)."""
+        changes = self.model.changes
+        assert changes is not None  # typing: only served with changes configured
+        now = time.monotonic() - self.changes_t0
+        wall_at_zero = time.time() - now  # the changes' clock, as wall-clock time
+        lies = changes.lies(hostname)
+        entries = []
+        for path in self.model.paths(i):
+            at = now if lies else changes.changed_at(f"{hostname}{path}", now)
+            stamp = datetime.fromtimestamp(wall_at_zero + at, tz=timezone.utc)
+            loc = f"http://{hostname}:{self.port}{path}"
+            entries.append(f"<url><loc>{loc}</loc><lastmod>{stamp.isoformat()}</lastmod></url>")
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+            + "".join(entries)
+            + "</urlset>"
+        ).encode()
 
     def _bookkeeping(self, path: str, query: str) -> _Answer:
         if path == STATS_PREFIX + "stats":

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from scrapy_banker.core.directives import BudgetRules
 from scrapy_banker.core.hashing import KEY_POLICIES
 from scrapy_banker.core.politeness import PolitenessConfig
-from scrapy_banker.core.recrawl import SIGNATURES, RecrawlPolicy
+from scrapy_banker.core.recrawl import SIGNATURES, RecrawlPolicy, RecrawlRule
 from scrapy_banker.core.topics import TopicSpec
 from scrapy_banker.errors import BankerConfigError
 
@@ -532,6 +532,68 @@ def _optional_seconds(name: str, value: Any, ctx: Context) -> float | None:
     return _as_float(name, value, 0.0)
 
 
+_RECRAWL_RULE_KEYS = frozenset({
+    "url", "topic", "recrawl", "interval", "min_interval", "max_interval", "error_interval",
+    "max_stale",
+})  # fmt: skip
+#: A rule's key -> the :class:`RecrawlPolicy` field it sets (the policy's errors are
+#: worded with the fields, and read back in the rule's words).
+_RECRAWL_RULE_FIELDS = {
+    "max_stale": "max_stale_s", "interval": "interval_s", "error_interval": "error_s",
+    "min_interval": "min_s", "max_interval": "max_s",
+}  # fmt: skip
+
+
+def _recrawl_rules(name: str, value: Any, ctx: Context) -> tuple[RecrawlRule, ...]:
+    """``[{"url": regex, "topic": name, "interval": s, ..., "recrawl": bool}]``: per-page
+    revisit intervals; what a rule leaves out is the ``BANKER_RECRAWL_*`` setting's."""
+    value = _json_if_str(name, value)
+    if not isinstance(value, (list, tuple)):
+        raise _bad(name, value, 'expected a list of dicts like {"url": "/news/", "interval": 600}')
+    base: dict[str, Any] = {
+        "interval_s": ctx.parsed("BANKER_RECRAWL_INTERVAL"),
+        "min_s": ctx.parsed("BANKER_RECRAWL_MIN_INTERVAL"),
+        "max_s": ctx.parsed("BANKER_RECRAWL_MAX_INTERVAL"),
+        "error_s": ctx.parsed("BANKER_RECRAWL_ERROR_INTERVAL"),
+        "max_stale_s": ctx.parsed("BANKER_RECRAWL_MAX_STALE"),
+    }
+    rules = []
+    for i, raw in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(raw, Mapping):
+            raise _bad(where, raw, 'expected a dict like {"url": "/news/", "interval": 600}')
+        unknown = set(raw) - _RECRAWL_RULE_KEYS
+        if unknown:
+            allowed = sorted(_RECRAWL_RULE_KEYS)
+            raise _bad(where, raw, f"unknown key(s) {sorted(unknown)}; allowed: {allowed}")
+        if "url" not in raw and "topic" not in raw:
+            raise _bad(where, raw, "needs 'url' (a regex) and/or 'topic' (a topic name)")
+        pattern = None
+        if "url" in raw:
+            if not isinstance(raw["url"], str):
+                raise _bad(where, raw, "'url' must be a regular expression string")
+            try:
+                pattern = re.compile(raw["url"])
+            except re.error as exc:
+                raise _bad(where, raw, f"'url' is not a valid regular expression ({exc})") from None
+        topic = _as_topic_name(f"{where}['topic']", raw["topic"]) if "topic" in raw else None
+        recrawl = boolean(f"{where}['recrawl']", raw.get("recrawl", True), ctx)
+        fields = dict(base)
+        for key, field_name in _RECRAWL_RULE_FIELDS.items():
+            if key in raw:
+                parse = _optional_seconds if key == "max_stale" else positive_float
+                fields[field_name] = parse(f"{where}[{key!r}]", raw[key], ctx)
+        try:
+            policy = RecrawlPolicy(**fields)
+        except ValueError as exc:
+            words = str(exc)
+            for key, field_name in _RECRAWL_RULE_FIELDS.items():
+                words = re.sub(rf"\b{field_name}\b", key, words)
+            raise _bad(where, raw, words) from None
+        rules.append(RecrawlRule(policy if recrawl else None, pattern, topic))
+    return tuple(rules)
+
+
 def _host_budgets(name: str, value: Any, ctx: Context) -> tuple[tuple[str, int], ...]:
     """``{pattern: pages}``: host names or ``fnmatch`` patterns such as ``*.example.com``."""
     value = _json_if_str(name, value)
@@ -645,6 +707,9 @@ class BankerConfig:
         "BANKER_RECRAWL_NOT_MODIFIED", "skip", one_of("skip", "callback"), group="recrawl"
     )
     recrawl_stay_open: bool = setting("BANKER_RECRAWL_STAY_OPEN", False, boolean, group="recrawl")
+    recrawl_rules: tuple[RecrawlRule, ...] = setting(
+        "BANKER_RECRAWL_RULES", [], _recrawl_rules, group="recrawl"
+    )
     resources: Mapping[str, int] = setting("BANKER_RESOURCES", {}, _resources, group="admission")
     task_claims: Mapping[str, Mapping[str, int]] = setting(
         "BANKER_TASK_CLAIMS", {}, _task_claims, group="admission"

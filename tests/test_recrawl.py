@@ -288,3 +288,22 @@ def test_a_trusted_claim_of_a_change_makes_the_page_due_now() -> None:
     assert policy.observe(claimed, 200.0, Outcome.CHANGED, signature="x").claimed == 0.0
     assert policy.observe(claimed, 200.0, Outcome.FAILED).claimed == 150.0
     assert UrlState.from_json(claimed.to_json()) == claimed
+
+
+def test_the_first_rule_a_page_matches_gives_its_policy() -> None:
+    import re
+
+    from scrapy_banker.core.recrawl import RecrawlRule, policy_for
+
+    default = RecrawlPolicy()
+    news = RecrawlPolicy(interval_s=2 * HOUR, min_s=HOUR)
+    rules = [
+        RecrawlRule(None, url=re.compile(r"/about")),
+        RecrawlRule(news, url=re.compile(r"//news\."), topic="articles"),
+        RecrawlRule(news, topic="live"),
+    ]
+    assert policy_for(rules, default, "http://a.test/about/us", "live") is None  # first wins
+    assert policy_for(rules, default, "http://news.test/x", "articles") is news
+    assert policy_for(rules, default, "http://news.test/x", "other") is default  # both must match
+    assert policy_for(rules, default, "http://a.test/x", "live") is news
+    assert policy_for(rules, default, "http://a.test/x", None) is default

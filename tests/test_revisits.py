@@ -295,6 +295,28 @@ def test_a_sitemap_whose_lastmod_is_wrong_never_moves_a_due_time(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_recrawl_rules_give_pages_their_own_intervals_or_none(tmp_path: Path) -> None:
+    rules = [
+        {"url": r"//h0000\.", "recrawl": False},
+        {"url": r"//h0001\.", "interval": 60, "min_interval": 60, "max_interval": 600},
+    ]
+    with WebFarm(FARM) as farm:
+        stats, _ = _crawl(tmp_path, farm, BANKER_RECRAWL_RULES=rules,
+                          BANKER_RECRAWL_STAY_OPEN=True, CLOSESPIDER_TIMEOUT=6)  # fmt: skip
+        fetched: dict[str, list[float]] = farm.stats()["page_fetches"]
+    by_host: dict[str, list[int]] = {}
+    for url, times in fetched.items():
+        by_host.setdefault(url.split("//")[1].split(".")[0], []).append(len(times))
+    assert sorted(by_host) == ["h0000", "h0001", "h0002"]
+    # Never revisited, or not due within the run: each page fetched as the spider
+    # asked (a start URL is dont_filter, so its link may fetch it once more).
+    assert max(by_host["h0000"]) <= 2 and max(by_host["h0001"]) <= 2
+    assert min(by_host["h0002"]) >= 3  # the settings' 1 s interval
+    assert stats["banker/recrawl/revisits"] >= 3 * len(by_host["h0002"])
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_without_stay_open_the_crawl_closes_and_counts_what_was_still_due(
     tmp_path: Path,
@@ -329,6 +351,18 @@ def test_revisits_are_refused_on_a_fleet_and_kept_in_a_jobdir(tmp_path: Path) ->
         ({"BANKER_RECRAWL_MAX_STALE": 1}, "BANKER_RECRAWL_MAX_STALE=1.0: must be None or >="),
         ({"BANKER_RECRAWL_MIN_INTERVAL": 0}, "BANKER_RECRAWL_MIN_INTERVAL=0: expected a finite"),
         ({"BANKER_RECRAWL_STAY_OPEN": "maybe"}, "BANKER_RECRAWL_STAY_OPEN='maybe'"),
+        (
+            {"BANKER_RECRAWL_RULES": [{"url": "/a/", "interval": 10}]},
+            r"BANKER_RECRAWL_RULES\[0\]=.*: interval=10.0 must lie in \[min_interval",
+        ),
+        ({"BANKER_RECRAWL_RULES": [{"interval": 10}]}, r"needs 'url' \(a regex\) and/or 'topic'"),
+        ({"BANKER_RECRAWL_RULES": [{"url": "("}]}, "'url' is not a valid regular expression"),
+        ({"BANKER_RECRAWL_RULES": [{"url": "/a", "every": 1}]}, r"unknown key\(s\) \['every'\]"),
+        (
+            {"BANKER_RECRAWL_RULES": [{"topic": "a", "recrawl": "maybe"}]},
+            r"BANKER_RECRAWL_RULES\[0\]\['recrawl'\]='maybe': expected a boolean",
+        ),
+        ({"BANKER_RECRAWL_RULES": {"url": "/a"}}, "expected a list of dicts"),
     ],
 )
 def test_a_bad_revisit_setting_names_itself(settings: dict[str, Any], message: str) -> None:

@@ -43,7 +43,8 @@ import enum
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -63,10 +64,12 @@ __all__ = [
     "LastmodTrust",
     "Outcome",
     "RecrawlPolicy",
+    "RecrawlRule",
     "UrlState",
     "apply_lastmod",
     "outcome_of",
     "parse_lastmod",
+    "policy_for",
     "signature",
 ]
 
@@ -294,6 +297,35 @@ class RecrawlPolicy:
         if self.max_stale_s is not None:
             interval = min(interval, self.max_stale_s)
         return now + interval
+
+
+@dataclass(frozen=True)
+class RecrawlRule:
+    """One ``BANKER_RECRAWL_RULES`` entry: which pages, and how they are revisited.
+
+    A page matches when its URL matches ``url`` (a regular expression,
+    searched) and its topic is ``topic``, each where given.  ``policy`` None:
+    the page is never revisited.
+    """
+
+    policy: RecrawlPolicy | None
+    url: re.Pattern[str] | None = None
+    topic: str | None = None
+
+    def matches(self, url: str, topic: str | None) -> bool:
+        if self.url is not None and self.url.search(url) is None:
+            return False
+        return self.topic is None or self.topic == topic
+
+
+def policy_for(
+    rules: Sequence[RecrawlRule], default: RecrawlPolicy, url: str, topic: str | None
+) -> RecrawlPolicy | None:
+    """The policy of the first rule a page matches, else ``default`` (None: not revisited)."""
+    for rule in rules:
+        if rule.matches(url, topic):
+            return rule.policy
+    return default
 
 
 #: Claims of a host's sitemap ``lastmod`` that must prove right before it moves due times.

@@ -50,19 +50,22 @@ from scrapy.utils.log import failure_to_exc_info
 from scrapy.utils.sitemap import Sitemap
 from twisted.internet.task import LoopingCall
 
-from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT, TRANSIENT_KEYS
+from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT, META_TOPIC, TRANSIENT_KEYS
 from scrapy_banker.core.recrawl import (
     DueIndex,
     LastmodTrust,
     Outcome,
+    RecrawlPolicy,
     UrlState,
     apply_lastmod,
     outcome_of,
     parse_lastmod,
+    policy_for,
 )
 from scrapy_banker.core.recrawl import signature as content_signature
 from scrapy_banker.scheduler.revisit_log import RevisitLog
 from scrapy_banker.scheduler.serialize import RequestCodec
+from scrapy_banker.scheduler.topic import callback_name
 from scrapy_banker.settings import core_config
 
 if TYPE_CHECKING:
@@ -113,7 +116,10 @@ class RecrawlMiddleware:
     def __init__(self, crawler: Crawler, config: BankerConfig) -> None:
         self.crawler = crawler
         self.stats = crawler.stats
+        self.config = config
+        #: The settings' policy, and the rules that give some pages their own.
         self.policy = config.recrawl_policy()
+        self.rules = config.recrawl_rules
         self.signature = config.recrawl_signature
         self.callback_on_304 = config.recrawl_not_modified == "callback"
         self.stay_open = config.recrawl_stay_open
@@ -122,7 +128,8 @@ class RecrawlMiddleware:
         self.requests: dict[str, Request] = {}
         self.due = DueIndex()
         #: How often due URLs are handed to the engine: a fraction of the least interval.
-        self.tick_s = min(1.0, self.policy.min_s / 4)
+        least = min([self.policy.min_s, *(r.policy.min_s for r in self.rules if r.policy)])
+        self.tick_s = min(1.0, least / 4)
         self._loop: LoopingCall | None = None
         jobdir = job_dir(crawler.settings)
         #: The JOBDIR's copy of the state (None: memory only).
@@ -250,7 +257,8 @@ class RecrawlMiddleware:
     ) -> Request | Response:
         if request.meta.get(META_REVISIT):
             self.downloading.discard(request.url)
-        if not self._tracked(request) or response.status in _NOT_A_COPY:
+        policy = self._policy(request)
+        if policy is None or response.status in _NOT_A_COPY:
             return response
         if response.status == 304 and not request.meta.get(META_REVISIT):
             return response  # the spider's own conditional request: its answer
@@ -258,18 +266,18 @@ class RecrawlMiddleware:
         now = time.time()
         not_modified = response.status == 304
         if not_modified or 200 <= response.status < 300:
-            state = self.states.get(url) or self.policy.first(now)
+            state = self.states.get(url) or policy.first(now)
             new_signature = None if not_modified else content_signature(response.body,
                                                                         self.signature)  # fmt: skip
             outcome = outcome_of(state.signature, new_signature, not_modified=not_modified)
             self.trust.check_fetch(_host(url), state, outcome)
-            state = self.policy.observe(
+            state = policy.observe(
                 state, now, outcome, signature=new_signature,
                 etag=_header(response, b"ETag"), last_modified=_header(response, b"Last-Modified"),
             )  # fmt: skip
             self._record(url, request, state, outcome)
         else:
-            self._failed(url, request, now)
+            self._failed(url, request, now, policy)
         if not_modified:
             self._inc("banker/recrawl/not_modified")
             if not self.callback_on_304:
@@ -279,15 +287,16 @@ class RecrawlMiddleware:
     def process_exception(self, request: Request, exception: Exception, spider: Spider) -> None:
         if request.meta.get(META_REVISIT) and not _superseded(exception):
             self.downloading.discard(request.url)
-        if self._tracked(request) and not isinstance(exception, IgnoreRequest):
-            self._failed(request.url, request, time.time())
+        policy = self._policy(request)
+        if policy is not None and not isinstance(exception, IgnoreRequest):
+            self._failed(request.url, request, time.time(), policy)
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _failed(self, url: str, request: Request, now: float) -> None:
+    def _failed(self, url: str, request: Request, now: float, policy: RecrawlPolicy) -> None:
         """A fetch of ``url`` that got no copy: tried again after the error interval."""
-        state = self.states.get(url) or self.policy.first(now)
-        state = self.policy.observe(state, now, Outcome.FAILED)
+        state = self.states.get(url) or policy.first(now)
+        state = policy.observe(state, now, Outcome.FAILED)
         self._record(url, request, state, Outcome.FAILED)
 
     def _record(self, url: str, request: Request, state: UrlState, outcome: Outcome) -> None:
@@ -330,6 +339,18 @@ class RecrawlMiddleware:
             and request.meta.get(META_RECRAWL, True) is not False
             and not request.url.endswith("/robots.txt")
         )
+
+    def _policy(self, request: Request) -> RecrawlPolicy | None:
+        """How ``request``'s page is revisited: the first ``BANKER_RECRAWL_RULES`` entry its
+        URL and topic match, else the settings'; None when it is not revisited."""
+        if not self._tracked(request):
+            return None
+        if not self.rules:
+            return self.policy
+        topic = request.meta.get(META_TOPIC)
+        if not isinstance(topic, str):
+            topic = self.config.topic_for(request.url, callback_name(request))
+        return policy_for(self.rules, self.policy, request.url, topic)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None:

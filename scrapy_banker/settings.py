@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from scrapy_banker.core.directives import BudgetRules
 from scrapy_banker.core.hashing import KEY_POLICIES
 from scrapy_banker.core.politeness import PolitenessConfig
-from scrapy_banker.core.recrawl import SIGNATURES, RecrawlPolicy, RecrawlRule
+from scrapy_banker.core.recrawl import ESTIMATORS, SIGNATURES, RecrawlPolicy, RecrawlRule
 from scrapy_banker.core.topics import TopicSpec
 from scrapy_banker.errors import BankerConfigError
 
@@ -544,6 +544,18 @@ _RECRAWL_RULE_FIELDS = {
 }  # fmt: skip
 
 
+def _recrawl_host_rate(name: str, value: Any, ctx: Context) -> float | None:
+    """Fetches per second per host; None: ``1 / DOWNLOAD_DELAY`` where that is set."""
+    if value is not None:
+        return _as_float(name, value, 0.0)
+    delay = ctx.settings.get("DOWNLOAD_DELAY", None)
+    try:
+        delay = float(delay) if delay is not None else 0.0
+    except (TypeError, ValueError):
+        return None  # Scrapy reports its own setting
+    return 1.0 / delay if delay > 0 and math.isfinite(delay) else None
+
+
 def _recrawl_rules(name: str, value: Any, ctx: Context) -> tuple[RecrawlRule, ...]:
     """``[{"url": regex, "topic": name, "interval": s, ..., "recrawl": bool}]``: per-page
     revisit intervals; what a rule leaves out is the ``BANKER_RECRAWL_*`` setting's."""
@@ -556,6 +568,7 @@ def _recrawl_rules(name: str, value: Any, ctx: Context) -> tuple[RecrawlRule, ..
         "max_s": ctx.parsed("BANKER_RECRAWL_MAX_INTERVAL"),
         "error_s": ctx.parsed("BANKER_RECRAWL_ERROR_INTERVAL"),
         "max_stale_s": ctx.parsed("BANKER_RECRAWL_MAX_STALE"),
+        "estimator": ctx.parsed("BANKER_RECRAWL_ESTIMATOR"),
     }
     rules = []
     for i, raw in enumerate(value):
@@ -710,6 +723,12 @@ class BankerConfig:
     recrawl_rules: tuple[RecrawlRule, ...] = setting(
         "BANKER_RECRAWL_RULES", [], _recrawl_rules, group="recrawl"
     )
+    recrawl_estimator: str = setting(
+        "BANKER_RECRAWL_ESTIMATOR", "adaptive", one_of(*ESTIMATORS), group="recrawl"
+    )
+    recrawl_host_rate: float | None = setting(
+        "BANKER_RECRAWL_HOST_RATE", None, _recrawl_host_rate, group="recrawl"
+    )
     resources: Mapping[str, int] = setting("BANKER_RESOURCES", {}, _resources, group="admission")
     task_claims: Mapping[str, Mapping[str, int]] = setting(
         "BANKER_TASK_CLAIMS", {}, _task_claims, group="admission"
@@ -747,6 +766,13 @@ class BankerConfig:
                 f"must lie between BANKER_RECRAWL_MIN_INTERVAL ({self.recrawl_min_interval}) "
                 f"and BANKER_RECRAWL_MAX_INTERVAL ({self.recrawl_max_interval})",
             )
+        if self.recrawl_estimator == "poisson" and self.recrawl_host_rate is None:
+            raise _bad(
+                "BANKER_RECRAWL_ESTIMATOR",
+                self.recrawl_estimator,
+                "plans revisits for a fetch rate: set BANKER_RECRAWL_HOST_RATE (fetches per "
+                "second per host) or DOWNLOAD_DELAY",
+            )
         stale = self.recrawl_max_stale
         if stale is not None and stale < self.recrawl_min_interval:
             raise _bad(
@@ -780,6 +806,7 @@ class BankerConfig:
             max_s=self.recrawl_max_interval,
             error_s=self.recrawl_error_interval,
             max_stale_s=self.recrawl_max_stale,
+            estimator=self.recrawl_estimator,
         )
 
     def budgets(self) -> BudgetRules:

@@ -307,3 +307,21 @@ def test_the_first_rule_a_page_matches_gives_its_policy() -> None:
     assert policy_for(rules, default, "http://news.test/x", "other") is default  # both must match
     assert policy_for(rules, default, "http://a.test/x", "live") is news
     assert policy_for(rules, default, "http://a.test/x", None) is default
+
+
+def test_the_poisson_plan_spends_what_the_adaptive_pages_leave_of_the_budget() -> None:
+    from scrapy_banker.core.recrawl import plan_mu
+
+    def seen(changed: float, changed_s: float, unchanged: float, unchanged_s: float) -> UrlState:
+        return UrlState(interval=10.0, rate=RateEstimate(changed, changed_s, unchanged,
+                                                         unchanged_s))  # fmt: skip
+
+    hot, warm = seen(5, 5.0, 0, 0.0), seen(2, 20.0, 6, 60.0)
+    quiet = UrlState(interval=10.0)  # never seen changing: the adaptive rule, 0.1 fetch/s
+    mu = plan_mu([hot, warm, quiet, quiet], budget=1.0)
+    assert mu is not None
+    rates = [r.rate.rate() for r in (hot, warm)]
+    spent = sum(frequency_at(r, mu) for r in rates if r)
+    assert spent == pytest.approx(1.0 - 0.2, rel=1e-6)  # what the two quiet pages leave
+    assert plan_mu([quiet] * 20, budget=1.0) is None  # nothing estimated: nothing to plan
+    assert plan_mu([hot, quiet, quiet], budget=0.2) is None  # the adaptive pages spend it all

@@ -363,6 +363,12 @@ def test_revisits_are_refused_on_a_fleet_and_kept_in_a_jobdir(tmp_path: Path) ->
             r"BANKER_RECRAWL_RULES\[0\]\['recrawl'\]='maybe': expected a boolean",
         ),
         ({"BANKER_RECRAWL_RULES": {"url": "/a"}}, "expected a list of dicts"),
+        ({"BANKER_RECRAWL_ESTIMATOR": "mean"}, r"BANKER_RECRAWL_ESTIMATOR='mean': allowed"),
+        (
+            {"BANKER_RECRAWL_ESTIMATOR": "poisson"},
+            "BANKER_RECRAWL_ESTIMATOR='poisson': plans revisits for a fetch rate: set",
+        ),
+        ({"BANKER_RECRAWL_HOST_RATE": -1}, "BANKER_RECRAWL_HOST_RATE=-1: expected a finite"),
     ],
 )
 def test_a_bad_revisit_setting_names_itself(settings: dict[str, Any], message: str) -> None:

@@ -44,7 +44,7 @@ import heapq
 import itertools
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -53,7 +53,7 @@ import lxml.etree
 import lxml.html
 import mmh3
 
-from scrapy_banker.core.change_rate import RateEstimate, frequency_at
+from scrapy_banker.core.change_rate import RateEstimate, frequency_at, optimal_mu
 from scrapy_banker.core.json_fields import fields_from_json
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "apply_lastmod",
     "outcome_of",
     "parse_lastmod",
+    "plan_mu",
     "policy_for",
     "signature",
 ]
@@ -328,6 +329,29 @@ def policy_for(
     return default
 
 
+def plan_mu(states: Iterable[UrlState], budget: float) -> float | None:
+    """The multiplier at which the ``poisson`` estimator spends ``budget`` (revisits per
+    second) on one host's pages, or None when there is nothing to plan.
+
+    Pages that have shown a change are planned by their estimated rate
+    (:func:`~scrapy_banker.core.change_rate.optimal_mu`); the others follow
+    the adaptive rule, and what their intervals spend comes off the budget
+    first.
+    """
+    rates: list[float] = []
+    fixed = 0.0
+    for state in states:
+        rate = state.rate.rate() if state.rate.changed > 0 else None
+        if rate:
+            rates.append(rate)
+        elif state.interval > 0:
+            fixed += 1.0 / state.interval
+    left = budget - fixed
+    if not rates or left <= 0:
+        return None
+    return optimal_mu(rates, left)
+
+
 #: Claims of a host's sitemap ``lastmod`` that must prove right before it moves due times.
 TRUST_AFTER = 2
 
@@ -355,7 +379,6 @@ class LastmodTrust:
     def trusted(self, host: str) -> bool:
         right, wrong = self.right.get(host, 0), self.wrong.get(host, 0)
         return right >= TRUST_AFTER and 10 * wrong <= right
-
 
     def check_fetch(self, host: str, before: UrlState, outcome: Outcome) -> None:
         """A fetch that showed ``outcome`` checks the claim ``before`` held, if any."""

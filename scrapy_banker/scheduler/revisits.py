@@ -60,6 +60,7 @@ from scrapy_banker.core.recrawl import (
     apply_lastmod,
     outcome_of,
     parse_lastmod,
+    plan_mu,
     policy_for,
 )
 from scrapy_banker.core.recrawl import signature as content_signature
@@ -98,6 +99,11 @@ _PER_FETCH = frozenset({
     "redirect_urls", "redirect_reasons", "retry_times", META_REVISIT, *TRANSIENT_KEYS,
 })  # fmt: skip
 
+#: How often (s) the ``poisson`` estimator's plan is re-solved, and the share of a
+#: host's fetch rate it plans revisits for.
+PLAN_EVERY_S = 5.0
+PLAN_SHARE = 0.9
+
 #: Statuses that say nothing about the page's content: retried, redirected or refused.
 _NOT_A_COPY = frozenset({301, 302, 303, 307, 308, 429, 503})
 
@@ -128,7 +134,14 @@ class RecrawlMiddleware:
         self.requests: dict[str, Request] = {}
         self.due = DueIndex()
         #: How often due URLs are handed to the engine: a fraction of the least interval.
-        least = min([self.policy.min_s, *(r.policy.min_s for r in self.rules if r.policy)])
+        policies = [self.policy, *(r.policy for r in self.rules if r.policy is not None)]
+        least = min(p.min_s for p in policies)
+        #: The ``poisson`` estimator's plan: per host, the budget's multiplier, re-solved
+        #: every :data:`PLAN_EVERY_S` from every page's estimate (``BANKER_RECRAWL_HOST_RATE``).
+        self.host_rate = config.recrawl_host_rate
+        self.plans = any(p.estimator == "poisson" for p in policies) and self.host_rate is not None
+        self.mu: dict[str, float | None] = {}
+        self._planned_at = 0.0
         self.tick_s = min(1.0, least / 4)
         self._loop: LoopingCall | None = None
         jobdir = job_dir(crawler.settings)
@@ -198,13 +211,27 @@ class RecrawlMiddleware:
 
     def send_due(self) -> int:
         """Hand every URL due now to the engine; how many."""
-        requests = self.revisits(time.time())
+        now = time.time()
+        if self.plans and now - self._planned_at >= PLAN_EVERY_S:
+            self.plan(now)
+        requests = self.revisits(now)
         if requests:
             engine = self.crawler.engine
             for request in requests:
                 engine.crawl(request)
             self._inc("banker/recrawl/revisits", len(requests))
         return len(requests)
+
+    def plan(self, now: float) -> None:
+        """Re-solve each host's multiplier for the ``poisson`` estimator (a share of the
+        host's fetch rate is left for first fetches and the spider's own requests)."""
+        assert self.host_rate is not None  # typing: only called when self.plans
+        by_host: dict[str, list[UrlState]] = {}
+        for url, state in self.states.items():
+            by_host.setdefault(_host(url), []).append(state)
+        budget = self.host_rate * PLAN_SHARE
+        self.mu = {host: plan_mu(states, budget) for host, states in by_host.items()}
+        self._planned_at = now
 
     def revisits(self, now: float) -> list[Request]:
         """The revisits of every URL due by ``now``, taken off the due index.
@@ -272,7 +299,7 @@ class RecrawlMiddleware:
             outcome = outcome_of(state.signature, new_signature, not_modified=not_modified)
             self.trust.check_fetch(_host(url), state, outcome)
             state = policy.observe(
-                state, now, outcome, signature=new_signature,
+                state, now, outcome, signature=new_signature, mu=self.mu.get(_host(url)),
                 etag=_header(response, b"ETag"), last_modified=_header(response, b"Last-Modified"),
             )  # fmt: skip
             self._record(url, request, state, outcome)

@@ -179,6 +179,16 @@ def test_a_crawl_that_stays_open_revisits_its_pages_conditionally_and_stays_fres
     assert kept.age_s < once.age_s
 
 
+def _banker(cwd: Path, *args: str) -> str:
+    """``scrapy banker ARGS`` as an operator runs it; its standard output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "scrapy.cmdline", "banker", *args],
+        capture_output=True, text=True, timeout=60, check=False, cwd=cwd, env=child_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
 def _saved_dues(jobdir: Path) -> dict[str, float]:
     """Each URL's due time as the JOBDIR's revisits file says (its last complete line wins)."""
     dues = {}
@@ -249,6 +259,16 @@ def test_a_jobdir_crawl_resumes_with_every_pages_due_time_and_validators(
     assert second["banker/recrawl/not_modified"] == not_modified > 0
     assert {item["status"] for item in items} <= {200}
     assert second["banker/recrawl/revisits"] > 0
+    # What an operator reads of the stopped crawl: the pages kept, and one page in words.
+    status = _banker(tmp_path, "status", "--jobdir", str(jobdir), "--json")
+    revisits = json.loads(status)["revisits"]
+    assert revisits["pages"] >= len(dues) and revisits["malformed"] == 0
+    assert 0 < revisits["freshness"] <= 1
+    assert revisits["changes"] + revisits["unchanged"] >= second["banker/recrawl/revisits"]
+    page = next(u for u in dues if u not in seeds)
+    explained = json.loads(_banker(tmp_path, "explain", page, "--jobdir", str(jobdir), "--json"))
+    assert explained["revisit"].startswith(("due in ", "due now (")), explained
+    assert ", every " in explained["revisit"]
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from scrapy_banker.core.journal import (
     UnsupportedSnapshot,
     parse_enqueue,
 )
+from scrapy_banker.ops.revisits_view import RevisitsView, read_revisits
 from scrapy_banker.scheduler.control_file import ControlFile
 from scrapy_banker.scheduler.jobdir import SNAPSHOT, live_records, replay
 
@@ -469,6 +471,8 @@ class JobdirView:
     seen: int | None
     #: Pages fetched, budgets in force, requests held over them (None: not asked for).
     budgets: JobdirBudgets | None = None
+    #: The pages kept for revisits (None: the crawl keeps none).
+    revisits: RevisitsView | None = None
 
     @property
     def over_budget(self) -> int:
@@ -501,6 +505,8 @@ class JobdirView:
                 "dead": self.dead_letters,
             }
             out["budgets"] = self.budgets.to_json()
+        if self.revisits is not None:
+            out["revisits"] = self.revisits.to_json()
         return out
 
 
@@ -561,6 +567,7 @@ def read_jobdir(jobdir: str, *, top: int = 10, budgets: BudgetRules | None = Non
         dead_letter_kinds=dict(kinds),
         seen=len(journaled.state.seen()),
         budgets=None if budgets is None else _budgets(journaled, budgets, *control_state(jobdir)),
+        revisits=read_revisits(jobdir, time.time()),
     )
 
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["COMPACT_MIN_LINES", "RevisitLog", "Revisited"]
+__all__ = ["COMPACT_MIN_LINES", "FILE", "RevisitLog", "Revisited", "read_states"]
 
 FILE = "revisits.jsonl"
 #: A file with fewer lines than this is never compacted while crawling.
@@ -213,6 +213,27 @@ class RevisitLog:
     def _inc(self, key: str) -> None:
         if self.stats is not None:
             self.stats.inc_value(key)
+
+
+def read_states(jobdir: str) -> tuple[dict[str, UrlState], int]:
+    """Each URL's last state in ``jobdir``'s revisits file, and how many lines did not
+    read (an operator's view: nothing is written, no request is rebuilt)."""
+    states: dict[str, UrlState] = {}
+    malformed = 0
+    try:
+        with open(os.path.join(jobdir, "banker", FILE), encoding="utf-8") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                try:
+                    url, raw, _ = _parse(line)
+                except ValueError:
+                    malformed += 1
+                    continue
+                states[url] = UrlState.from_json(raw)
+    except FileNotFoundError:
+        pass
+    return states, malformed
 
 
 def _parse(line: str) -> tuple[str, dict[str, Any], str | None]:

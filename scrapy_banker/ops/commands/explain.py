@@ -15,6 +15,7 @@ serves, its admission gate), the queue ahead of it.  Reads only.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.ops.commands import CommandError
@@ -138,18 +139,23 @@ def _explain_jobdir(
     jobdir: str, request: Request, config: BankerConfig, fingerprint: Any
 ) -> dict[str, Any]:
     from scrapy_banker.ops.jobdir_view import SCHEMA_VERSION, find_in_jobdir
+    from scrapy_banker.ops.revisits_view import describe
     from scrapy_banker.scheduler.classifier import Classifier
     from scrapy_banker.scheduler.downloader import DownloaderView
+    from scrapy_banker.scheduler.revisit_log import read_states
 
     c = Classifier(config, DownloaderView(), None).classify(request)
     try:
         found = find_in_jobdir(jobdir, request, c.key_hash, fingerprint, config.budgets())
     except (OSError, ValueError) as exc:
         raise CommandError(str(exc)) from None
-    if found.state == "unknown":
+    # A page the crawl revisits (a start URL too: Scrapy asks for those with
+    # dont_filter, so the journal never marks them seen).
+    revisit = read_states(jobdir)[0].get(request.url)
+    if found.state == "unknown" and revisit is None:
         raise CommandError(
             f"{request.url} is not in this crawl: not pending in {jobdir}, not a dead letter, "
-            "not seen by its journal"
+            "not seen by its journal, not revisited"
         )
     topic = found.entry.topic if found.entry is not None else c.topic
     waiting = None
@@ -189,6 +195,8 @@ def _explain_jobdir(
         # for it with the pages fetched against it (the operator's over the settings').
         "over_budget": None if found.held is None else found.held.to_json(),
         "budgets": [b.to_json() for b in found.budgets],
+        # When the page is fetched again (BANKER_RECRAWL), in words; None: it is not.
+        "revisit": None if revisit is None else describe(revisit, time.time()),
     }
 
 
@@ -282,5 +290,7 @@ def _print(data: dict[str, Any]) -> None:
         out.print(f"Why it waits: {data['waiting']}")
     elif data.get("state") == "done":
         out.print("Not waiting: it was queued and nothing of it is left (fetched or dropped).")
+    if data.get("revisit"):
+        out.print(f"Revisit: {data['revisit']}")
     for note in data.get("notes", []):
         out.print(f"Note: {note}")

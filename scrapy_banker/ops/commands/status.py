@@ -193,6 +193,8 @@ def _print_jobdir(view: JobdirView) -> None:
            if view.dead_letter_kinds else "")
         + f"; {seen}; {view.malformed} malformed lines"
     )  # fmt: skip
+    if view.revisits is not None:
+        out.print(view.revisits.summary(), markup=False, soft_wrap=True)
     if view.global_depth is not None:
         out.print(
             f"Directory: global depth {view.global_depth}, {view.n_buckets} buckets "

@@ -1,0 +1,67 @@
+"""The operator's view of a JOBDIR's revisits, from the file a crawl writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scrapy_banker.core.change_rate import RateEstimate, freshness
+from scrapy_banker.core.recrawl import UrlState
+from scrapy_banker.ops.revisits_view import describe, duration, read_revisits
+
+NOW = 1.8e9
+
+
+def _write(jobdir: Path, lines: list[str]) -> None:
+    (jobdir / "banker").mkdir(parents=True, exist_ok=True)
+    (jobdir / "banker" / "revisits.jsonl").write_text("".join(lines))
+
+
+def _line(url: str, state: UrlState) -> str:
+    return json.dumps({"u": url, "s": state.to_json(), "r": "{}"}) + "\n"
+
+
+def test_a_jobdir_without_revisits_has_no_view(tmp_path: Path) -> None:
+    assert read_revisits(str(tmp_path), NOW) is None
+
+
+def test_the_view_counts_due_pages_the_next_due_time_and_estimates_freshness(
+    tmp_path: Path,
+) -> None:
+    rate = RateEstimate(changed=3, changed_s=30.0, unchanged_n=1, unchanged_s=10.0)
+    changing = UrlState(due=NOW - 120, interval=60.0, changes=3, unchanged=1, rate=rate)
+    quiet = UrlState(due=NOW + 3600, interval=7200.0, changes=1, unchanged=4)
+    _write(tmp_path, [
+        _line("http://a.test/1", UrlState(due=NOW - 5, interval=10.0, failures=2)),
+        _line("http://a.test/1", changing),  # the last line of a URL wins
+        _line("http://a.test/2", quiet),
+        "not json\n",
+        '{"u": "http://a.test/3", "s": {"du',  # cut by a kill: never written
+    ])  # fmt: skip
+    view = read_revisits(str(tmp_path), NOW)
+    assert view is not None
+    assert (view.pages, view.due_now, view.malformed) == (2, 1, 1)
+    assert view.most_overdue_s == pytest.approx(120) and view.next_due_s == pytest.approx(3600)
+    assert (view.changes, view.unchanged, view.failures) == (4, 5, 0)
+    estimated = rate.rate()
+    assert estimated is not None
+    assert view.freshness == pytest.approx((freshness(estimated, 1 / 60) + 1.0) / 2)
+    assert view.to_json()["due_now"] == 1
+    assert view.summary().startswith("Revisits: 2 pages, 1 due now (the latest 2 min late)")
+
+
+def test_one_page_in_words() -> None:
+    state = UrlState(due=NOW + 3 * 3600 + 12 * 60, interval=4 * 3600.0, unchanged=4)
+    assert describe(state, NOW) == "due in 3 h 12 min, every 4 h, unchanged 4 times"
+    late = UrlState(due=NOW - 65, interval=30.0, changes=2, failures=1)
+    assert (
+        describe(late, NOW) == "due now (1 min 5 s late), every 30 s, changed 2 times, failed once"
+    )
+    assert [duration(s) for s in (0.44, 12, 86_400 * 2 + 7200, -3)] == [
+        "0.4 s",
+        "12 s",
+        "2 d 2 h",
+        "0.0 s",
+    ]

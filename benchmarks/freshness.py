@@ -30,7 +30,11 @@ The fetch budget
     * ``banker`` -- ``BankerScheduler`` through the add-on with
       ``BANKER_RECRAWL`` (adaptive intervals, conditional requests, the
       crawl staying open), knowing nothing of the rates;
-    * ``banker_jobdir`` -- the same with ``JOBDIR``, stopped cleanly half-way
+    * ``banker_poisson`` -- the same with ``BANKER_RECRAWL_ESTIMATOR =
+      "poisson"`` (intervals from each page's estimated change rate and the
+      optimal allocation of the host's rate, ``1 / DOWNLOAD_DELAY``): which
+      estimator keeps the site fresher, side by side;
+    * ``banker_jobdir`` -- the adaptive peer with ``JOBDIR``, stopped cleanly half-way
       (``CLOSESPIDER_TIMEOUT``) and resumed for the rest of the run: what a
       stop costs, process start-up included.
 
@@ -55,7 +59,8 @@ What is measured (the last stdout line is one JSON object)
     policy can reach is ``freshness_ratio_optimal_vs_uniform``) and
     ``bytes_ratio_banker_vs_full_recrawl`` (target <= 0.3).  With
     ``--repeats``, medians; ``politeness_violations_*``, the most of any
-    run.  The same ratios for ``banker_jobdir``.  ``freshness_banker_fleet``
+    run.  The same ratios for ``banker_jobdir`` and ``banker_poisson``, and
+    ``freshness_ratio_banker_poisson_vs_banker``.  ``freshness_banker_fleet``
     is ``null``: revisits refuse a fleet at start-up today
     (docs/freshness.rst).
 
@@ -87,13 +92,13 @@ from scrapy_banker.core.change_rate import mean_freshness, optimal_frequencies
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.farm.changes import ChangeModel, judge
 
-PEERS = ("uniform", "optimal", "full_recrawl", "banker", "banker_jobdir")
+PEERS = ("uniform", "optimal", "full_recrawl", "banker", "banker_poisson", "banker_jobdir")
 
 
 #: How many crawler processes each peer runs one after the other (a full re-crawl:
 #: as many as fit; the JOBDIR peer: stopped half-way and resumed).
 MAX_PROCESSES = {"uniform": 1, "optimal": 1, "full_recrawl": 10_000, "banker": 1,
-                 "banker_jobdir": 2}  # fmt: skip
+                 "banker_poisson": 1, "banker_jobdir": 2}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +225,8 @@ def run_peer(
         )
     elif peer.startswith("banker"):
         settings = _harness.overlaid(settings, banker_settings(w, banker_extra))
+    if peer == "banker_poisson":
+        settings["BANKER_RECRAWL_ESTIMATOR"] = "poisson"  # planned for 1 / DOWNLOAD_DELAY
     if peer == "banker_jobdir":
         settings["JOBDIR"] = str(workdir / "job")
     farm.reset()
@@ -326,13 +333,17 @@ def main(argv: list[str] | None = None) -> int:
             out[f"{key}_ratio_{a}_vs_{b}"] = _common.ratio(out[f"{key}_{a}"], out[f"{key}_{b}"])
 
     ratio("freshness", "banker", "optimal")
+    ratio("freshness", "banker_poisson", "optimal")
+    ratio("freshness", "banker_poisson", "banker")
+    ratio("bytes", "banker_poisson", "full_recrawl")
     ratio("freshness", "banker_jobdir", "optimal")
     ratio("freshness", "banker_jobdir", "uniform")
     ratio("bytes", "banker_jobdir", "full_recrawl")
     ratio("freshness", "banker", "uniform")
+    ratio("freshness", "banker_poisson", "uniform")
     ratio("freshness", "optimal", "uniform")
     ratio("bytes", "banker", "full_recrawl")
-    for peer in ("banker", "banker_jobdir"):
+    for peer in ("banker", "banker_poisson", "banker_jobdir"):
         for key, target in ((f"freshness_ratio_{peer}_vs_optimal", 0.9),
                             (f"freshness_ratio_{peer}_vs_uniform", 1.3)):  # fmt: skip
             if key in out:

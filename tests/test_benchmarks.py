@@ -378,7 +378,7 @@ def test_webfarm_throughput_tiny_serves_pages() -> None:
 @pytest.mark.timeout(300)
 def test_freshness_tiny_judges_every_peer_on_what_the_farm_served() -> None:
     result = _run("freshness.py", "--tiny", timeout=280)
-    peers = ("uniform", "optimal", "full_recrawl", "banker", "banker_jobdir")
+    peers = ("uniform", "optimal", "full_recrawl", "banker", "banker_poisson", "banker_jobdir")
     for peer in peers:
         assert 0 < result[f"freshness_{peer}"] <= 1, peer
         assert result[f"fetches_{peer}"] > result["pages"], peer  # pages were fetched again
@@ -387,7 +387,7 @@ def test_freshness_tiny_judges_every_peer_on_what_the_farm_served() -> None:
         assert result[f"politeness_violations_{peer}"] == 0, peer
     # Only the banker peers send validators (the resumed one the JOBDIR's); the others
     # get every copy whole.
-    assert result["not_modified_banker"] > 0 and result["not_modified_banker_jobdir"] > 0
+    assert all(result[f"not_modified_{p}"] > 0 for p in peers[3:])
     assert all(result[f"not_modified_{p}"] == 0 for p in peers[:3])
     # The fixed-interval peers land near what theory says they keep (a check of the judge).
     assert abs(result["freshness_uniform"] - result["expected_freshness_uniform"]) < 0.1

@@ -403,6 +403,18 @@ def _topics(name: str, value: Any, ctx: Context) -> dict[str, TopicSpec]:
     return out
 
 
+def _rule_url(where: str, raw: Mapping[str, Any]) -> re.Pattern[str] | None:
+    """A rule's ``"url"``, compiled (None: the rule has none)."""
+    if "url" not in raw:
+        return None
+    if not isinstance(raw["url"], str):
+        raise _bad(where, raw, "'url' must be a regular expression string")
+    try:
+        return re.compile(raw["url"])
+    except re.error as exc:
+        raise _bad(where, raw, f"'url' is not a valid regular expression ({exc})") from None
+
+
 def _topic_rules(name: str, value: Any, ctx: Context) -> tuple[TopicRule, ...]:
     value = _json_if_str(name, value)
     if not isinstance(value, (list, tuple)):
@@ -421,14 +433,7 @@ def _topic_rules(name: str, value: Any, ctx: Context) -> tuple[TopicRule, ...]:
             raise _bad(where, raw, "missing 'topic'")
         if "url" not in raw and "callback" not in raw:
             raise _bad(where, raw, "needs 'url' (a regex) and/or 'callback' (a method name)")
-        pattern: re.Pattern[str] | None = None
-        if "url" in raw:
-            if not isinstance(raw["url"], str):
-                raise _bad(where, raw, "'url' must be a regular expression string")
-            try:
-                pattern = re.compile(raw["url"])
-            except re.error as exc:
-                raise _bad(where, raw, f"'url' is not a valid regular expression ({exc})") from None
+        pattern = _rule_url(where, raw)
         callback = raw.get("callback")
         if callback is not None and (not isinstance(callback, str) or not callback.isidentifier()):
             raise _bad(where, raw, "'callback' must be a spider method name")
@@ -581,14 +586,7 @@ def _recrawl_rules(name: str, value: Any, ctx: Context) -> tuple[RecrawlRule, ..
             raise _bad(where, raw, f"unknown key(s) {sorted(unknown)}; allowed: {allowed}")
         if "url" not in raw and "topic" not in raw:
             raise _bad(where, raw, "needs 'url' (a regex) and/or 'topic' (a topic name)")
-        pattern = None
-        if "url" in raw:
-            if not isinstance(raw["url"], str):
-                raise _bad(where, raw, "'url' must be a regular expression string")
-            try:
-                pattern = re.compile(raw["url"])
-            except re.error as exc:
-                raise _bad(where, raw, f"'url' is not a valid regular expression ({exc})") from None
+        pattern = _rule_url(where, raw)
         topic = _as_topic_name(f"{where}['topic']", raw["topic"]) if "topic" in raw else None
         recrawl = boolean(f"{where}['recrawl']", raw.get("recrawl", True), ctx)
         fields = dict(base)

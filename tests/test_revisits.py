@@ -445,6 +445,11 @@ def test_a_revisit_carries_the_latest_copys_validators_and_ends_at_a_304() -> No
     stats = crawler.stats.get_stats()  # type: ignore[union-attr]
     assert (stats["banker/recrawl/changed"], stats["banker/recrawl/not_modified"]) == (2, 1)
     assert stats["banker/recrawl/superseded"] == 2
+    # A banker_recrawl meta that is no bool is reported once per response, not obeyed.
+    odd = Request("http://a.test/odd", meta={"banker_recrawl": "no"})
+    mw.process_response(odd, HtmlResponse(odd.url, body=b"x", request=odd), spider)
+    assert mw.states["http://a.test/odd"].changes == 1  # revisited like any page
+    assert crawler.stats.get_value("banker/recrawl/invalid_meta") == 1  # type: ignore[union-attr]
     # A 304 to the spider's own conditional request is its answer, not a revisit's.
     own = Request(url, headers={"If-None-Match": '"v2"'})
     mine = Response(url, status=304, request=own)

@@ -372,6 +372,11 @@ class RecrawlMiddleware:
         URL and topic match, else the settings'; None when it is not revisited."""
         if not self._tracked(request):
             return None
+        opted = request.meta.get(META_RECRAWL, True)
+        if not isinstance(opted, bool):
+            logger.warning("Ignoring invalid meta %s=%r on %s: expected True or False (the page "
+                           "is revisited)", META_RECRAWL, opted, request)  # fmt: skip
+            self._inc("banker/recrawl/invalid_meta")
         if not self.rules:
             return self.policy
         topic = request.meta.get(META_TOPIC)

@@ -118,7 +118,7 @@ class Workload:
 
 FULL = Workload(hosts=6, pages_per_host=40, delay_s=0.2, duration_s=180.0, warm_s=30.0)
 QUICK = Workload(hosts=4, pages_per_host=30, delay_s=0.25, duration_s=75.0, warm_s=15.0)
-TINY = Workload(hosts=2, pages_per_host=8, delay_s=0.25, duration_s=12.0, warm_s=4.0)
+TINY = Workload(hosts=2, pages_per_host=8, delay_s=0.25, duration_s=9.0, warm_s=3.0)
 
 
 def farm_config(w: Workload) -> FarmConfig:

@@ -73,7 +73,13 @@ from typing import TYPE_CHECKING, Any
 from scrapy_banker.core.files import fsync_dir
 from scrapy_banker.core.journal import Enqueued, JournalState, enqueue_line, parse_enqueue
 from scrapy_banker.ops.payloads import check_payload
-from scrapy_banker.scheduler.jobdir import SNAPSHOT, JobdirLock, journal_name, replay
+from scrapy_banker.scheduler.jobdir import (
+    DEADLETTERS,
+    SNAPSHOT,
+    JobdirLock,
+    journal_name,
+    replay,
+)
 from scrapy_banker.scheduler.serialize import RequestCodec
 
 if TYPE_CHECKING:
@@ -97,7 +103,9 @@ __all__ = [
 
 #: Same numbering as :data:`scrapy_banker.ops.jobdir_view.SCHEMA_VERSION`.
 SCHEMA_VERSION = 1
-DEADLETTER_FILE = "banker-deadletter.jsonl"
+#: The file's name, as its one writer (:func:`scrapy_banker.scheduler.jobdir.append_dead_letter`)
+#: names it.
+DEADLETTER_FILE = DEADLETTERS
 
 _SAVE_WHY = "only memory held it at a clean stop: nothing was saved, no payload to queue"
 #: Letters whose ``payload`` is a journal ``E`` record a requeue appends again.

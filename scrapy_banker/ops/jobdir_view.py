@@ -45,7 +45,7 @@ from scrapy_banker.core.journal import (
 )
 from scrapy_banker.ops.revisits_view import RevisitsView, read_revisits
 from scrapy_banker.scheduler.control_file import ControlFile
-from scrapy_banker.scheduler.jobdir import SNAPSHOT, live_records, replay
+from scrapy_banker.scheduler.jobdir import DEADLETTERS, SNAPSHOT, live_records, replay
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -70,7 +70,7 @@ __all__ = [
 #: Same numbering as :data:`scrapy_banker.ops.fleet_view.SCHEMA_VERSION`.
 SCHEMA_VERSION = 1
 #: What could not be saved or restored, beside ``banker/``.
-_DEADLETTER_FILE = "banker-deadletter.jsonl"
+_DEADLETTER_FILE = DEADLETTERS
 
 
 @dataclass(frozen=True)

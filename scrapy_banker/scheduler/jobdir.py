@@ -111,6 +111,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "COMPACT_MIN_RECORDS",
+    "DEADLETTERS",
     "JobDir",
     "JobdirLock",
     "JobdirLocked",

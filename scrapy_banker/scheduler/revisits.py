@@ -31,6 +31,21 @@ dropped.  On a fleet the add-on refuses ``BANKER_RECRAWL`` at start-up
 rather than lose the due times silently.  ``BANKER_RECRAWL_STAY_OPEN`` keeps
 an idle crawl open until the next due time; without it, the crawl closes
 when nothing is due now and counts what was still to come.
+
+Which :class:`~scrapy_banker.core.recrawl.RecrawlPolicy` a page follows is
+the first ``BANKER_RECRAWL_RULES`` entry its URL and topic match, else the
+settings'.  With ``BANKER_RECRAWL_ESTIMATOR = "poisson"`` the due loop
+re-solves, every :data:`PLAN_EVERY_S`, each host's budget multiplier from its
+pages' estimated rates (:func:`~scrapy_banker.core.recrawl.plan_mu`), which
+the next fetch of each page turns into its interval.
+
+:class:`SitemapLastmodMiddleware` is the spider-side half: it reads the
+``<lastmod>`` of the URLs a sitemap's callback requests and reports each to
+:meth:`RecrawlMiddleware.lastmod`, which keeps it for the page's next fetch
+to check and, once the host's dates proved right
+(:class:`~scrapy_banker.core.recrawl.LastmodTrust`), makes a page dated after
+its copy due at once.  It finds the crawl's :class:`RecrawlMiddleware` with
+:func:`running_recrawl`.
 """
 
 from __future__ import annotations

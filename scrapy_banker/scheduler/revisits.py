@@ -366,6 +366,8 @@ class RecrawlMiddleware:
             return
         now = time.time()
         new = apply_lastmod(state, at, now, self.trust.trusted(_host(url)))
+        if new == state:  # the date a sitemap read before: nothing to keep or write again
+            return
         self.states[url] = new
         if new.due != state.due:
             self.due.schedule(url, new.due)

@@ -36,7 +36,11 @@ The fetch budget
       estimator keeps the site fresher, side by side;
     * ``banker_jobdir`` -- the adaptive peer with ``JOBDIR``, stopped cleanly half-way
       (``CLOSESPIDER_TIMEOUT``) and resumed for the rest of the run: what a
-      stop costs, process start-up included.
+      stop costs, process start-up included;
+    * ``banker_fleet`` -- the adaptive peer on a fleet: two worker processes
+      crawling at once through ``BankerRedisScheduler``, on a ``redis-server``
+      of the peer's own (flushed, on a free port; none found is a one-line
+      error), the seeds given to the first worker.
 
     ``uniform``, ``optimal`` and ``full_recrawl`` run Scrapy's default
     scheduler; ``uniform`` and ``optimal`` re-queue pages with
@@ -59,10 +63,8 @@ What is measured (the last stdout line is one JSON object)
     policy can reach is ``freshness_ratio_optimal_vs_uniform``) and
     ``bytes_ratio_banker_vs_full_recrawl`` (target <= 0.3).  With
     ``--repeats``, medians; ``politeness_violations_*``, the most of any
-    run.  The same ratios for ``banker_jobdir`` and ``banker_poisson``, and
-    ``freshness_ratio_banker_poisson_vs_banker``.  ``freshness_banker_fleet``
-    is ``null``: revisits refuse a fleet at start-up today
-    (docs/freshness.rst).
+    run.  The same ratios for ``banker_jobdir``, ``banker_poisson`` and
+    ``banker_fleet``, and ``freshness_ratio_banker_poisson_vs_banker``.
 
 Usage::
 
@@ -85,20 +87,29 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import _fleet
 import _harness
 from _common import EPOLL
 
 from scrapy_banker.core.change_rate import mean_freshness, optimal_frequencies
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.farm.changes import ChangeModel, judge
+from scrapy_banker.testing.redis_server import RedisServer, RedisServerError
 
-PEERS = ("uniform", "optimal", "full_recrawl", "banker", "banker_poisson", "banker_jobdir")
+PEERS = (
+    "uniform", "optimal", "full_recrawl", "banker", "banker_poisson", "banker_jobdir",
+    "banker_fleet",
+)  # fmt: skip
 
+#: The workers of the ``banker_fleet`` peer, crawling at once.
+FLEET_WORKERS = 2
 
 #: How many crawler processes each peer runs one after the other (a full re-crawl:
-#: as many as fit; the JOBDIR peer: stopped half-way and resumed).
+#: as many as fit; the JOBDIR peer: stopped half-way and resumed), or, for the
+#: fleet, at once.
 MAX_PROCESSES = {"uniform": 1, "optimal": 1, "full_recrawl": 10_000, "banker": 1,
-                 "banker_poisson": 1, "banker_jobdir": 2}  # fmt: skip
+                 "banker_poisson": 1, "banker_jobdir": 2,
+                 "banker_fleet": FLEET_WORKERS}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,26 +235,31 @@ def run_peer(
             {**settings, "BENCH_REVISIT_INTERVALS": str(path)}, ["_crawler.FixedRevisits"]
         )
     elif peer.startswith("banker"):
+        if peer == "banker_fleet":
+            settings = {**settings, **_common.BANKER_REDIS}  # --banker-set still wins
         settings = _harness.overlaid(settings, banker_settings(w, banker_extra))
     if peer == "banker_poisson":
         settings["BANKER_RECRAWL_ESTIMATOR"] = "poisson"  # planned for 1 / DOWNLOAD_DELAY
     if peer == "banker_jobdir":
         settings["JOBDIR"] = str(workdir / "job")
-    farm.reset()
-    started = time.monotonic()
-    runs = 0
-    while True:
-        left = w.duration_s - (time.monotonic() - started)
-        if left < 1.0 or runs >= MAX_PROCESSES[peer]:
-            break
-        if peer == "banker_jobdir" and runs == 0:
-            left = w.duration_s / 2  # a clean stop half-way, then a resume for the rest
-        spec = _harness.crawl_spec(
-            "_crawler:FreshSpider", {**settings, "CLOSESPIDER_TIMEOUT": left},
-            spider_kwargs=spider_kwargs,
-        )  # fmt: skip
-        _harness.crawl(spec, workdir, f"{peer}-{runs}", timeout=left + 120)
-        runs += 1
+    if peer == "banker_fleet":
+        runs = crawl_fleet(farm, w, settings, spider_kwargs, workdir)
+    else:
+        farm.reset()
+        started = time.monotonic()
+        runs = 0
+        while True:
+            left = w.duration_s - (time.monotonic() - started)
+            if left < 1.0 or runs >= MAX_PROCESSES[peer]:
+                break
+            if peer == "banker_jobdir" and runs == 0:
+                left = w.duration_s / 2  # a clean stop half-way, then a resume for the rest
+            spec = _harness.crawl_spec(
+                "_crawler:FreshSpider", {**settings, "CLOSESPIDER_TIMEOUT": left},
+                spider_kwargs=spider_kwargs,
+            )  # fmt: skip
+            _harness.crawl(spec, workdir, f"{peer}-{runs}", timeout=left + 120)
+            runs += 1
     served = farm.stats(urls=True)
     fetches = {page_key(u): t for u, t in served.get("page_fetches", {}).items()}
     judged = judge(changes, {k: fetches.get(k, []) for k in keys}, w.warm_s, w.duration_s)
@@ -259,6 +275,44 @@ def run_peer(
     }
 
 
+def redis_server() -> RedisServer:
+    """A ``redis-server`` of its own, started on a free port; none is a one-line error."""
+    try:
+        return RedisServer().start()
+    except RedisServerError as exc:
+        raise SystemExit(f"freshness: the banker_fleet peer needs Redis: {exc}") from None
+
+
+def crawl_fleet(
+    farm: WebFarm, w: Workload, settings: dict[str, Any], spider_kwargs: dict[str, Any],
+    workdir: Path,
+) -> int:  # fmt: skip
+    """The fleet peer's crawl: :data:`FLEET_WORKERS` processes at once for the workload's
+    duration, on one Redis; how many processes ran.
+
+    Redis is flushed and the farm reset (``_fleet.fresh``) just before they
+    start.  Only the first worker gets the seeds: ``FreshSpider``'s start URLs
+    are ``dont_filter``, so seeds given to both would be fetched twice.
+    """
+    with redis_server() as server:
+        _fleet.fresh(farm, server.url)
+        specs = {}
+        for i in range(FLEET_WORKERS):
+            node = f"w{i}"
+            worker = {
+                **settings,
+                "REDIS_URL": server.url,
+                "BANKER_REDIS_PREFIX": f"freshness:{workdir.name}",
+                "BANKER_REDIS_NODE_ID": node,
+                "CLOSESPIDER_TIMEOUT": w.duration_s,
+            }
+            specs[f"banker_fleet-{node}"] = _harness.crawl_spec(
+                "_crawler:FreshSpider", worker, spider_kwargs=spider_kwargs if i == 0 else {}
+            )
+        _harness.crawls(specs, workdir, timeout=w.duration_s + 120)
+    return len(specs)
+
+
 def violations(served: dict[str, Any], delay_s: float) -> int:
     """Requests a host received less than 95 % of the delay after the one before,
     plus each host's requests in flight beyond one at its peak."""
@@ -271,7 +325,7 @@ def violations(served: dict[str, Any], delay_s: float) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _harness.parser(
-        __doc__, quick="4 hosts of 30 pages, 75 s per peer (about 5 min a repeat)", tiny=""
+        __doc__, quick="4 hosts of 30 pages, 75 s per peer (about 9 min a repeat)", tiny=""
     )
     parser.add_argument("--only", nargs="*", choices=PEERS, default=list(PEERS))
     parser.add_argument("--duration", type=float, help="seconds each peer crawls")
@@ -317,8 +371,6 @@ def main(argv: list[str] | None = None) -> int:
         "banker_settings": banker_settings(w, banker_extra),
         "freshness_bound": expected["optimal"],
         "expected_freshness_uniform": expected["uniform"],
-        # Revisits refuse a fleet at start-up (the add-on's check): not measured.
-        "freshness_banker_fleet": None,
     }
     for peer, rs in runs.items():
         for key in ("freshness", "age_s", "fetches", "bytes", "not_modified", "pages_missing"):
@@ -339,11 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     ratio("freshness", "banker_jobdir", "optimal")
     ratio("freshness", "banker_jobdir", "uniform")
     ratio("bytes", "banker_jobdir", "full_recrawl")
+    ratio("freshness", "banker_fleet", "optimal")
+    ratio("freshness", "banker_fleet", "uniform")
+    ratio("bytes", "banker_fleet", "full_recrawl")
     ratio("freshness", "banker", "uniform")
     ratio("freshness", "banker_poisson", "uniform")
     ratio("freshness", "optimal", "uniform")
     ratio("bytes", "banker", "full_recrawl")
-    for peer in ("banker", "banker_poisson", "banker_jobdir"):
+    for peer in ("banker", "banker_poisson", "banker_jobdir", "banker_fleet"):
         for key, target in ((f"freshness_ratio_{peer}_vs_optimal", 0.9),
                             (f"freshness_ratio_{peer}_vs_uniform", 1.3)):  # fmt: skip
             if key in out:

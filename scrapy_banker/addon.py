@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, cast
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 
-from scrapy_banker.errors import BankerConfigError
 from scrapy_banker.scheduler import BankerScheduler
 from scrapy_banker.scheduler.jobdir import JobdirLock, check_resumable
 from scrapy_banker.scheduler.store import MemoryStore
@@ -89,17 +88,6 @@ class Addon:
                 settings.setdefault_in_component_priority_dict(name, load_object(cls), order)
         _swap_robotstxt(settings)
         _check_jobdir(settings)
-        _check_recrawl(settings, config.recrawl)
-
-
-def _check_recrawl(settings: Settings, recrawl: bool) -> None:
-    """Refuse revisits on a fleet: their state lives in one process (and its JOBDIR)."""
-    if recrawl and _banker_store(settings) not in (None, MemoryStore):
-        raise BankerConfigError(
-            "Invalid BANKER_RECRAWL=True: revisits keep their state in one process (and "
-            "its JOBDIR), so they are not available on a fleet (each worker would revisit "
-            "only what it fetched, and lose it); crawl without it, or in one process"
-        )
 
 
 def _check_jobdir(settings: Settings) -> None:

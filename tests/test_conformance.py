@@ -345,14 +345,18 @@ RECRAWL = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ("memory", "jobdir", "jobdir-kill"))
+@pytest.mark.parametrize("backend", ALL)
 def test_revisits_are_pages_of_the_crawl_budget_and_survive_a_stop(
     make_backend: Any, backend: str
 ) -> None:
     """Every page is fetched again when due, and a revisit is a page of the budget like
-    any other, across a stop (clean or ``kill -9``) and a resume with a raised budget."""
+    any other, across a stop (clean or ``kill -9``) and a resume with a raised budget:
+    the resume revisits the pages the first run fetched (its spider requests only its
+    seeds again), from their kept due times."""
     b = make_backend(backend)
     budget = TOTAL + 40
+    # A fleet's budget is exact per partition; two workers may each let one page past.
+    slack = 2 if backend == "fleet" else 0
     if backend == "memory":
         stats = b.run(**RECRAWL, BANKER_CRAWL_BUDGET=budget)
         assert b.fetched() == budget
@@ -362,12 +366,21 @@ def test_revisits_are_pages_of_the_crawl_budget_and_survive_a_stop(
         else:
             first = b.run(**RECRAWL, BANKER_CRAWL_BUDGET=TOTAL + 10)
             assert _reasons(first) == {"banker_crawl_budget"}
-            assert b.fetched() == TOTAL + 10
+            assert TOTAL + 10 <= b.fetched() <= TOTAL + 10 + slack
         before = b.fetched()
+        counts = _fetch_counts(b)
         stats = b.run(**RECRAWL, BANKER_CRAWL_BUDGET=budget)
-        assert stats[0]["banker/recrawl/restored"] >= TOTAL - 16  # all but what was in flight
-        if backend == "jobdir":
+        if backend.startswith("jobdir"):
+            assert stats[0]["banker/recrawl/restored"] >= TOTAL - 16  # all but what was in flight
+        revisited = {
+            url for url, n in _fetch_counts(b).items()
+            if n > counts.get(url, 0) and urlsplit(url).path != "/"
+        }  # fmt: skip
+        assert len(revisited) >= 10, revisited  # kept states, not the spider's requests
+        if backend in ("jobdir", "redis"):
             assert b.fetched() == budget
+        elif backend == "fleet":
+            assert budget <= b.fetched() <= budget + slack
         else:
             # The resume counts what the journal recorded as done (revisits fetched
             # before the kill may already have spent the budget); a page in flight at
@@ -375,24 +388,17 @@ def test_revisits_are_pages_of_the_crawl_budget_and_survive_a_stop(
             assert budget <= b.fetched() <= max(budget, before) + 16
     assert _reasons(stats) == {"banker_crawl_budget"}
     assert b.served_total() == TOTAL
-    assert sum(s["banker/recrawl/revisits"] for s in stats) > 0
+    assert sum(s.get("banker/recrawl/revisits", 0) for s in stats) > 0
     # A static tree does not change: only a page's first fetch counts as a change.
     if backend == "memory":
         assert stats[0]["banker/recrawl/changed"] == TOTAL
-    assert stats[0].get("banker/recrawl/unchanged", 0) > 0
+    assert sum(s.get("banker/recrawl/unchanged", 0) for s in stats) > 0
+    if backend in ("redis", "fleet"):
+        assert all(s.get("banker/redis/revisits_saved", 0) > 0 for s in stats)
 
 
-@pytest.mark.parametrize("backend", ("redis", "fleet"))
-def test_revisits_on_redis_refuse_to_start_and_fetch_nothing(
-    make_backend: Any, backend: str
-) -> None:
-    b = make_backend(backend)
-    for proc in b.start(**RECRAWL):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode != 0
-        assert "Invalid BANKER_RECRAWL=True" in err and "on a fleet" in err
-        assert "STATS" not in out
-    assert b.served_total() == 0
+def _fetch_counts(b: Any) -> dict[str, int]:
+    return {u: int(n) for u, n in b.farm.stats(urls=True)["fetches"].items()}
 
 
 # -- run-time control ---------------------------------------------------------------------

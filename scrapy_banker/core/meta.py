@@ -36,6 +36,7 @@ __all__ = [
     "META_PROBE",
     "META_RECRAWL",
     "META_REVISIT",
+    "META_REVISIT_STATE",
     "META_SLOT",
     "META_TASK",
     "META_TOPIC",
@@ -101,6 +102,14 @@ META_GRANT: Final = "banker_grant"
 #: with a queued revisit).
 META_REVISIT: Final = "banker_revisit"
 
+#: The page's revisit state (``dict``, :meth:`UrlState.to_json
+#: <scrapy_banker.core.recrawl.UrlState.to_json>`) a revisit carries on a
+#: fleet: the worker that fetches it -- maybe not the one that sent it --
+#: judges the response against it without a Redis read.  Set by
+#: :class:`~scrapy_banker.middlewares.RecrawlMiddleware`'s due loop on a fleet
+#: only.  Internal; travels (through Redis, with the revisit).
+META_REVISIT_STATE: Final = "banker_revisit_state"
+
 #: Download slot (``str``) the scheduler counted the request against when it
 #: handed it to the engine.  Set by ``BankerScheduler`` at dispatch (its
 #: downloader view, :mod:`scrapy_banker.scheduler.downloader`); set to ``None``
@@ -160,7 +169,8 @@ USER_KEYS: Final = (
 )  # fmt: skip
 #: Keys only scrapy-banker writes.
 INTERNAL_KEYS: Final = (
-    META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0, META_CHARGED, META_REVISIT
+    META_GRANT, META_SLOT, META_LEASE, META_PROBE, META_NET_T0, META_CHARGED, META_REVISIT,
+    META_REVISIT_STATE,
 )  # fmt: skip
 #: Process-local values: meaningless to another worker, after a restart or on
 #: a copy of the request.  Every other key travels.

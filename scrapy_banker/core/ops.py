@@ -1,4 +1,4 @@
-"""The queue operations of a fleet worker, as plain values: enqueues and lease tokens.
+"""The queue operations of a fleet worker, as plain values: enqueues, lease tokens, revisits.
 
 The scheduler hands them to the worker thread (:mod:`scrapy_banker.redis.worker`),
 which sends them to Redis; what Redis never confirmed is written to a spill
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["EnqueueOp", "LeaseToken"]
+__all__ = ["EnqueueOp", "LeaseToken", "RevisitWrite"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +52,26 @@ class LeaseToken:
     def ref(self) -> str:
         """``id#delivery``, as the ack and nack scripts take it."""
         return f"{self.id}#{self.delivery}"
+
+
+@dataclass(frozen=True, slots=True)
+class RevisitWrite:
+    """A page's revisit state, kept in its partition (``BANKER_RECRAWL`` on a fleet).
+
+    ``state`` is the :class:`~scrapy_banker.core.recrawl.UrlState` as JSON
+    text and ``due`` its due time (POSIX seconds); ``payload`` is the
+    spider's request a revisit copies, encoded as an enqueue's payload, or
+    ``""`` to keep the one Redis holds (a revisit's own fetch writes none).
+    """
+
+    partition: int
+    url: str
+    state: str
+    due: float
+    payload: str = ""
+
+    def merged(self, older: RevisitWrite) -> RevisitWrite:
+        """This write, keeping ``older``'s payload when it has none of its own."""
+        if self.payload or not older.payload:
+            return self
+        return RevisitWrite(self.partition, self.url, self.state, self.due, older.payload)

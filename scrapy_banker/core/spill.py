@@ -22,10 +22,14 @@ version)::
     {"v":1,"op":"dead","p":7,"id":"ID","d":2,"reason":"..."}
     {"v":1,"op":"ack","p":7,"id":"ID","d":1}
     {"v":1,"op":"nack","p":7,"id":"ID","d":1}
+    {"v":1,"op":"revisit","p":7,"url":"URL","s":"STATE","due":1.5e9,"r":"PAYLOAD"}
 
 The operations are the worker's own values
 (:class:`~scrapy_banker.core.ops.EnqueueOp`,
-:class:`~scrapy_banker.core.ops.LeaseToken`); a token's ``leased_at`` and
+:class:`~scrapy_banker.core.ops.LeaseToken`,
+:class:`~scrapy_banker.core.ops.RevisitWrite`: a page's revisit state,
+sent with the enqueues, so the ack of the fetch that made it never lands
+before it); a token's ``leased_at`` and
 ``epoch`` are not written, as they are not part of its identity.  Ids and
 fingerprints are opaque strings here.  A line that does not parse
 (a torn write, a hand edit, a newer version) is reported, never fatal: the
@@ -50,7 +54,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from scrapy_banker.core.files import fsync_dir
-from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+from scrapy_banker.core.ops import EnqueueOp, LeaseToken, RevisitWrite
 
 try:  # POSIX: two workers never replay the same file at once
     import fcntl
@@ -79,7 +83,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 @dataclass
 class SpillOps:
-    """Operations not sent, in the order they must be sent: enqueues, dead letters, acks, nacks.
+    """Operations not sent, in the order they must be sent: enqueues (and revisit states),
+    dead letters, acks, nacks.
 
     Enqueues go first for the same reason as in a live flush: a parent's ack
     must never land before the children its callback yielded.
@@ -89,9 +94,14 @@ class SpillOps:
     dead: list[tuple[LeaseToken, str]] = field(default_factory=list)
     acks: list[LeaseToken] = field(default_factory=list)
     nacks: list[LeaseToken] = field(default_factory=list)
+    #: Pages' revisit states (the latest of each URL).
+    revisits: list[RevisitWrite] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.enqueues) + len(self.dead) + len(self.acks) + len(self.nacks)
+        return (
+            len(self.enqueues) + len(self.dead) + len(self.acks) + len(self.nacks)
+            + len(self.revisits)
+        )  # fmt: skip
 
     def counts(self) -> dict[str, int]:
         """Operations of each kind, for the log and the stats."""
@@ -100,6 +110,7 @@ class SpillOps:
             "dead": len(self.dead),
             "ack": len(self.acks),
             "nack": len(self.nacks),
+            "revisit": len(self.revisits),
         }
 
     def describe(self) -> str:
@@ -108,6 +119,7 @@ class SpillOps:
         return (
             f"{_n(c['enqueue'], 'enqueue')}, {_n(c['dead'], 'dead letter')}, "
             f"{_n(c['ack'], 'ack')}, {_n(c['nack'], 'nack')}"
+            + (f", {_n(c['revisit'], 'revisit state')}" if c["revisit"] else "")
         )
 
 
@@ -165,6 +177,9 @@ def format_spill(header: SpillHeader, ops: SpillOps) -> str:
         op = {"v": SPILL_VERSION, "op": "enqueue", "p": e.partition, "fp": e.fingerprint,
               "prio": int(e.priority), "df": bool(e.dont_filter), "payload": e.payload}  # fmt: skip
         out.append(_line(op))
+    for r in ops.revisits:
+        out.append(_line({"v": SPILL_VERSION, "op": "revisit", "p": r.partition, "url": r.url,
+                          "s": r.state, "due": r.due, "r": r.payload}))  # fmt: skip
     out.extend(_lease("dead", lease, reason=reason) for lease, reason in ops.dead)
     out.extend(_lease("ack", lease) for lease in ops.acks)
     out.extend(_lease("nack", lease) for lease in ops.nacks)
@@ -242,6 +257,17 @@ def parse_spill(text: str, partitions: int) -> ParsedSpill:
                 ops.enqueues.append(
                     EnqueueOp(_int(obj, "p", 0, partitions), _str(obj, "fp"), payload, prio, df)
                 )  # fmt: skip
+            elif op == "revisit":
+                due = obj.get("due")
+                if isinstance(due, bool) or not isinstance(due, (int, float)):
+                    raise _Bad(f"'due' must be a number, got {due!r}")
+                payload = obj.get("r", "")
+                if not isinstance(payload, str):
+                    raise _Bad(f"'r' must be a string, got {payload!r}")
+                ops.revisits.append(RevisitWrite(
+                    _int(obj, "p", 0, partitions), _str(obj, "url"), _str(obj, "s"),
+                    float(due), payload,
+                ))  # fmt: skip
             elif op == "dead":
                 ops.dead.append((_parse_lease(obj, partitions), _str(obj, "reason")))
             elif op == "ack":
@@ -264,14 +290,19 @@ def merge(spills: Iterable[SpillOps]) -> SpillOps:
     An enqueue that dedup would drop anyway (same fingerprint, same
     partition, not ``dont_filter``) is kept once; ``dont_filter`` ones are
     all kept, as the crawl asked for each.  Acks, nacks and dead letters of
-    the same delivery are kept once.
+    the same delivery are kept once; a page's revisit state is the latest
+    one written (keeping an earlier payload when the latest has none).
     """
     out = SpillOps()
     seen_fp: set[tuple[int, str]] = set()
     seen_dead: set[LeaseToken] = set()
     seen_ack: set[LeaseToken] = set()
     seen_nack: set[LeaseToken] = set()
+    revisits: dict[str, RevisitWrite] = {}
     for ops in spills:
+        for r in ops.revisits:
+            older = revisits.pop(r.url, None)
+            revisits[r.url] = r if older is None else r.merged(older)
         for e in ops.enqueues:
             if not e.dont_filter:
                 key = (e.partition, e.fingerprint)
@@ -291,6 +322,7 @@ def merge(spills: Iterable[SpillOps]) -> SpillOps:
             if lease not in seen_nack:
                 seen_nack.add(lease)
                 out.nacks.append(lease)
+    out.revisits = list(revisits.values())
     return out
 
 

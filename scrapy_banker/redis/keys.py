@@ -245,6 +245,17 @@ class PartitionKeys:
     #: budget is raised (``lua/release.lua``).  Budget counts live in
     #: :attr:`meta`: :data:`HOST_PAGES`, :data:`HOST_HELD`, :data:`CHARGE`.
     over: str
+    #: Hash URL -> its revisit state as JSON
+    #: (:class:`~scrapy_banker.core.recrawl.UrlState`, ``BANKER_RECRAWL``):
+    #: written after each fetch of a page of the partition (``lua/revisit_save.lua``).
+    revisits: str
+    #: Hash URL -> the spider's request a revisit of the page copies (a payload).
+    revisit_requests: str
+    #: Sorted set URL -> when the page is next due (POSIX seconds): the due index
+    #: ``lua/revisit_pop.lua`` takes due pages from, pushing each one's due time
+    #: forward as it hands it out (a worker that dies before queueing the
+    #: revisit leaves it to come due again).
+    revisit_due: str
 
     def names(self) -> tuple[str, ...]:
         """The fixed keys; the level lists are named by what :attr:`levels` holds."""
@@ -337,6 +348,9 @@ class Keyspace:
             bloom=f"{tag}:bloom",
             hosts=f"{tag}:hosts",
             over=f"{tag}:over",
+            revisits=f"{tag}:revisits",
+            revisit_requests=f"{tag}:revisit-requests",
+            revisit_due=f"{tag}:revisit-due",
         )
 
     def bloom_shard(self, shard: int) -> str:

@@ -27,10 +27,16 @@ interval, validators and change-rate estimate.  A revisit carries the time
 it was handed to the engine (its ``banker_revisit`` meta): one that reaches
 the downloader after its page was fetched since (the copy a resumed queue
 still held, beside the one the due times sent again) is superseded and
-dropped.  On a fleet the add-on refuses ``BANKER_RECRAWL`` at start-up
-rather than lose the due times silently.  ``BANKER_RECRAWL_STAY_OPEN`` keeps
-an idle crawl open until the next due time; without it, the crawl closes
-when nothing is due now and counts what was still to come.
+dropped.  On a fleet the states and due times live in the pages' partitions
+in Redis instead (the store's ``features.revisits``,
+:class:`~scrapy_banker.redis.store.revisits.FleetRevisits`): each fetch's
+state is written there, the partition's owner takes its due pages, and a
+revisit carries the state it was sent with (``banker_revisit_state``), so
+whichever worker fetches it judges the response without a Redis read; this
+process keeps only the states of the pages it fetched, as a cache.
+``BANKER_RECRAWL_STAY_OPEN`` keeps an idle crawl open until the next due
+time; without it, the crawl closes when nothing is due now and counts what
+was still to come.
 
 Which :class:`~scrapy_banker.core.recrawl.RecrawlPolicy` a page follows is
 the first ``BANKER_RECRAWL_RULES`` entry its URL and topic match, else the
@@ -65,7 +71,13 @@ from scrapy.utils.log import failure_to_exc_info
 from scrapy.utils.sitemap import Sitemap
 from twisted.internet.task import LoopingCall
 
-from scrapy_banker.core.meta import META_RECRAWL, META_REVISIT, META_TOPIC, TRANSIENT_KEYS
+from scrapy_banker.core.meta import (
+    META_RECRAWL,
+    META_REVISIT,
+    META_REVISIT_STATE,
+    META_TOPIC,
+    TRANSIENT_KEYS,
+)
 from scrapy_banker.core.recrawl import (
     DueIndex,
     LastmodTrust,
@@ -79,6 +91,7 @@ from scrapy_banker.core.recrawl import (
     policy_for,
 )
 from scrapy_banker.core.recrawl import signature as content_signature
+from scrapy_banker.scheduler import running_banker
 from scrapy_banker.scheduler.revisit_log import RevisitLog
 from scrapy_banker.scheduler.serialize import RequestCodec
 from scrapy_banker.scheduler.topic import callback_name
@@ -91,6 +104,7 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
+    from scrapy_banker.scheduler.seams import SharedRevisits
     from scrapy_banker.settings import BankerConfig
 
 logger = logging.getLogger(__name__)
@@ -111,7 +125,8 @@ def running_recrawl(crawler: Crawler) -> RecrawlMiddleware | None:
 #: first fetch's budget charge would give that page back when it is queued).
 _PER_FETCH = frozenset({
     "download_latency", "download_slot", "download_timeout", "redirect_times", "redirect_ttl",
-    "redirect_urls", "redirect_reasons", "retry_times", META_REVISIT, *TRANSIENT_KEYS,
+    "redirect_urls", "redirect_reasons", "retry_times", META_REVISIT, META_REVISIT_STATE,
+    *TRANSIENT_KEYS,
 })  # fmt: skip
 
 #: How often (s) the ``poisson`` estimator's plan is re-solved, and the share of a
@@ -166,6 +181,8 @@ class RecrawlMiddleware:
             if jobdir is None
             else RevisitLog(jobdir, RequestCodec(config.serialize_allowed_classes), self.stats)
         )
+        #: Where a fleet keeps the states (None: this process keeps them), found at open.
+        self.shared: SharedRevisits | None = None
         self.spider: Spider | None = None
         #: URLs whose revisit is being downloaded: a second copy waits for nothing.
         self.downloading: set[str] = set()
@@ -187,7 +204,12 @@ class RecrawlMiddleware:
 
     def spider_opened(self, spider: Spider) -> None:
         self.spider = spider
-        if self.log is not None:
+        banker = running_banker(self.crawler)
+        self.shared = None if banker is None else banker.store.features.revisits
+        if self.shared is not None:
+            self.log = None  # a fleet's states live in Redis, not in a JOBDIR
+            self.shared.start()
+        elif self.log is not None:
             self._restore(self.log, spider)
         self._loop = LoopingCall(self.send_due)
         self._loop.start(self.tick_s, now=False).addErrback(self._loop_failed)
@@ -200,7 +222,8 @@ class RecrawlMiddleware:
     def spider_closed(self, spider: Spider) -> None:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
-        self._inc("banker/recrawl/due_at_close", len(self.due))
+        if self.shared is None:
+            self._inc("banker/recrawl/due_at_close", len(self.due))
         if self.log is not None:
             self.log.compact(self.states)
             self.log.close()
@@ -221,7 +244,9 @@ class RecrawlMiddleware:
 
     def spider_idle(self, spider: Spider) -> None:
         self.send_due()
-        if self.stay_open and len(self.due):
+        if self.stay_open and (len(self.due) or (
+            self.shared is not None and self.shared.next_due() is not None
+        )):  # fmt: skip
             raise DontCloseSpider
 
     def send_due(self) -> int:
@@ -256,6 +281,14 @@ class RecrawlMiddleware:
         ``dont_filter``: the URL was seen.
         """
         out = []
+        if self.shared is not None:
+            assert self.spider is not None  # typing: shared is found when the spider opens
+            for url, state, kept in self.shared.take_due(self.spider):
+                state = self._newest(url, state)
+                self.states[url] = state
+                meta = {**kept.meta, META_REVISIT: now, META_REVISIT_STATE: state.to_json()}
+                out.append(kept.replace(url=url, meta=meta, dont_filter=True))
+            return out
         for url in self.due.pop_due(now):
             first = self.requests.get(url)
             if first is None:
@@ -264,12 +297,30 @@ class RecrawlMiddleware:
             out.append(first.replace(url=url, meta=meta, dont_filter=True))
         return out
 
+    def _newest(self, url: str, state: UrlState) -> UrlState:
+        """``state``, or the one this process holds for ``url`` if it was fetched later."""
+        local = self.states.get(url)
+        return local if local is not None and local.fetched > state.fetched else state
+
+    def _state(self, url: str, request: Request) -> UrlState | None:
+        """What is known of ``url``: this process's state, or the one a fleet's revisit
+        carries (:data:`~scrapy_banker.core.meta.META_REVISIT_STATE`), the newer."""
+        carried = request.meta.get(META_REVISIT_STATE) if url == request.url else None
+        if isinstance(carried, dict):
+            try:
+                return self._newest(url, UrlState.from_json(carried))
+            except ValueError as exc:
+                logger.warning("Ignoring invalid meta %s on %s: %s", META_REVISIT_STATE,
+                               request, exc)  # fmt: skip
+                self._inc("banker/recrawl/invalid_meta")
+        return self.states.get(url)
+
     # -- the middleware ----------------------------------------------------------------
 
     def process_request(self, request: Request, spider: Spider) -> None:
         if not request.meta.get(META_REVISIT) or not self._tracked(request):
             return
-        state = self.states.get(request.url)
+        state = self._state(request.url, request)
         if state is None:
             return
         issued = request.meta[META_REVISIT]
@@ -308,7 +359,7 @@ class RecrawlMiddleware:
         now = time.time()
         not_modified = response.status == 304
         if not_modified or 200 <= response.status < 300:
-            state = self.states.get(url) or policy.first(now)
+            state = self._state(url, request) or policy.first(now)
             new_signature = None if not_modified else content_signature(response.body,
                                                                         self.signature)  # fmt: skip
             outcome = outcome_of(state.signature, new_signature, not_modified=not_modified)
@@ -337,7 +388,7 @@ class RecrawlMiddleware:
 
     def _failed(self, url: str, request: Request, now: float, policy: RecrawlPolicy) -> None:
         """A fetch of ``url`` that got no copy: tried again after the error interval."""
-        state = self.states.get(url) or policy.first(now)
+        state = self._state(url, request) or policy.first(now)
         state = policy.observe(state, now, Outcome.FAILED)
         self._record(url, request, state, Outcome.FAILED)
 
@@ -346,6 +397,16 @@ class RecrawlMiddleware:
 
         The request a revisit copies is the spider's own, not a revisit."""
         self.states[url] = state
+        shared = self.shared
+        if shared is not None:
+            # On a fleet the request is kept in Redis, with the state and due time.
+            kept = None
+            if not request.meta.get(META_REVISIT):
+                meta = {k: v for k, v in request.meta.items() if k not in _PER_FETCH}
+                kept = request.replace(meta=meta)
+            shared.save(url, state, kept, self.spider)
+            self._inc(_OUTCOME_STAT[outcome])
+            return
         new_request = url not in self.requests or not request.meta.get(META_REVISIT)
         if new_request:
             meta = {k: v for k, v in request.meta.items() if k not in _PER_FETCH}
@@ -370,8 +431,12 @@ class RecrawlMiddleware:
             return
         self.states[url] = new
         if new.due != state.due:
-            self.due.schedule(url, new.due)
             self._inc("banker/recrawl/lastmod_due")
+        if self.shared is not None:
+            self.shared.save(url, new, None, self.spider)
+            return
+        if new.due != state.due:
+            self.due.schedule(url, new.due)
         if self.log is not None:
             self.log.write(url, new, None, self.spider)
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from scrapy_banker.core.directives import ControlState
     from scrapy_banker.core.frontier import Entry
     from scrapy_banker.core.politeness import HostState
+    from scrapy_banker.core.recrawl import UrlState
     from scrapy_banker.core.telemetry import FleetSample, PlacementSample
     from scrapy_banker.scheduler.admission_gate import AdmissionGate
     from scrapy_banker.scheduler.classifier import Classified, Classifier
@@ -46,6 +47,7 @@ __all__ = [
     "RequestStore",
     "RobotsTxt",
     "SchedulerParts",
+    "SharedRevisits",
     "SharedRobots",
     "StoreFactory",
     "StoreFeatures",
@@ -102,6 +104,27 @@ class SharedRobots(Protocol):
         """``origin``'s robots.txt, downloaded by ``download`` only if nobody shared it yet."""
 
 
+class SharedRevisits(Protocol):
+    """Where a store keeps the pages' revisit states for every worker (a fleet's:
+    :mod:`scrapy_banker.redis.store.revisits`); read by
+    :class:`~scrapy_banker.middlewares.RecrawlMiddleware`."""
+
+    def start(self) -> None:
+        """The crawl revisits pages: begin taking the due ones."""
+
+    def save(
+        self, url: str, state: UrlState, request: Request | None, spider: Spider | None
+    ) -> None:
+        """Keep ``url``'s new state; ``request``: the spider's request its revisits copy
+        (None: keep the one kept before)."""
+
+    def take_due(self, spider: Spider) -> list[tuple[str, UrlState, Request]]:
+        """The pages taken as due since the last call: (URL, state, the request to copy)."""
+
+    def next_due(self) -> float | None:
+        """The earliest due time left of the pages this process may take (None: none)."""
+
+
 class FleetTelemetry(Protocol):
     """A fleet node's share of the operator's view (read by the sampler and the metrics)."""
 
@@ -127,6 +150,9 @@ class StoreFeatures:
     robots: SharedRobots | None = None
     #: The node's telemetry (a fleet).
     telemetry: FleetTelemetry | None = None
+    #: The pages' revisit states, shared by every worker (a fleet; one process keeps
+    #: them itself, in memory and its JOBDIR).
+    revisits: SharedRevisits | None = None
     #: The node's name in the operator's view (None: the host name).
     node: str | None = None
     #: Seconds between two times the scheduler asks :meth:`RequestStore.directives`

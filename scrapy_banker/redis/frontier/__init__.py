@@ -16,7 +16,9 @@ of parts by concern, each in its own module:
 * :class:`~scrapy_banker.redis.frontier.dead_letters.DeadLetters` -- what the
   crawl gave up on, with the reason;
 * :class:`~scrapy_banker.redis.frontier.hosts.HostStates` -- each host's
-  politeness state, kept with its partition so that it moves with the host.
+  politeness state, kept with its partition so that it moves with the host;
+* :class:`~scrapy_banker.redis.frontier.revisits.RevisitStates` -- each
+  page's revisit state and due time (``BANKER_RECRAWL``), kept the same way.
 
 They share one :class:`~scrapy_banker.redis.frontier.link.FrontierLink`: the
 key names of one :class:`~scrapy_banker.redis.keys.Keyspace` and one
@@ -57,6 +59,7 @@ from scrapy_banker.redis.frontier.hosts import HostStates
 from scrapy_banker.redis.frontier.leases import Leases
 from scrapy_banker.redis.frontier.link import FrontierLink
 from scrapy_banker.redis.frontier.reaper import REAP_CHUNK, REAP_LIMIT, LeaseReaper
+from scrapy_banker.redis.frontier.revisits import RevisitStates
 from scrapy_banker.redis.keys import Keyspace, PartitionKeys, decode
 from scrapy_banker.redis.scripts import Refusal, ScriptCall
 
@@ -65,7 +68,7 @@ if TYPE_CHECKING:
 
     from redis.cluster import RedisCluster
 
-    from scrapy_banker.core.ops import LeaseToken
+    from scrapy_banker.core.ops import LeaseToken, RevisitWrite
     from scrapy_banker.redis.frontier.census import Census
     from scrapy_banker.redis.frontier.hosts import HostWrite
     from scrapy_banker.redis.frontier.leases import Leased, PopResult
@@ -86,6 +89,8 @@ class Flushed:
     #: because the node no longer owns the partition nor holds leases there.
     host_states: int = 0
     host_states_fenced: int = 0
+    #: Revisit states written (older ones than Redis kept change nothing).
+    revisits_saved: int = 0
 
 
 class RedisFrontier:
@@ -129,6 +134,7 @@ class RedisFrontier:
         self.work = WorkCensus(link)
         self.deadletters = DeadLetters(link)
         self.hosts = HostStates(link)
+        self.revisits = RevisitStates(link)
 
     def keys(self, partition: int) -> PartitionKeys:
         return self.keyspace.partition(partition)
@@ -144,6 +150,7 @@ class RedisFrontier:
         starts: Mapping[int, Sequence[str]] | None = None,
         hosts: Sequence[HostWrite] = (),
         node: str = "",
+        revisits: Sequence[RevisitWrite] = (),
     ) -> Flushed:
         """A worker's queued operations, in the order the crawl's guarantees need.
 
@@ -157,7 +164,9 @@ class RedisFrontier:
         pipeline, one round trip on a single server, whose commands run in
         the order sent; on a cluster one round trip per step.  ``starts``
         (``partition -> refs`` of deliveries whose fetch began, see
-        :meth:`start_many`) go first: they only mark leases.
+        :meth:`start_many`) go first: they only mark leases.  Pages' revisit
+        states (:mod:`~scrapy_banker.redis.frontier.revisits`) go with the
+        enqueues: the ack of the fetch that made one never lands before it.
         """
         leases = self.leases
         calls: list[tuple[str, ScriptCall]] = [
@@ -165,6 +174,7 @@ class RedisFrontier:
         ]
         calls += [("enqueue", self.enqueuer.call(op)) for op in enqueues]
         calls += [("hosts", self.hosts.call(node, w)) for w in hosts if w.states]
+        calls += [("revisit_save", self.revisits.call(w)) for w in revisits]
         steps = [len(calls)]
         acks = {p: ids for p, ids in (acks or {}).items() if ids}
         nacks = {p: ids for p, ids in (nacks or {}).items() if ids}
@@ -198,6 +208,8 @@ class RedisFrontier:
                 out.acked += int(answer)
             elif name == "nack":
                 out.nacked += int(answer)
+            elif name == "revisit_save":
+                out.revisits_saved += int(answer)
         return out
 
     def clear(self) -> int:

@@ -34,7 +34,9 @@ parts by concern:
 * :class:`~scrapy_banker.redis.store.host_sync.HostSync` -- the hosts'
   politeness states, published with their partition and adopted with it;
 * :class:`~scrapy_banker.redis.store.lease_fence.LeaseFence` -- the lease checked again
-  at the last moment before a request is sent.
+  at the last moment before a request is sent;
+* :class:`~scrapy_banker.redis.store.revisits.FleetRevisits` -- the pages' revisit
+  states in their partitions, when ``BANKER_RECRAWL`` is on.
 
 The store itself builds them, runs the lifecycle and a 100 ms tick, and
 tells the worker thread how many requests the scheduler could take.
@@ -67,6 +69,7 @@ from scrapy_banker.redis.store.lease_fence import LeaseFence
 from scrapy_banker.redis.store.node_telemetry import NodeTelemetry
 from scrapy_banker.redis.store.outbound import Outbound
 from scrapy_banker.redis.store.placement_hook import placement_for
+from scrapy_banker.redis.store.revisits import FleetRevisits
 from scrapy_banker.redis.store.robots_cache import RobotsCache
 from scrapy_banker.redis.store.spill_keeper import SpillKeeper
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
@@ -223,9 +226,13 @@ class RedisLeaseStore:
             acks=self.acks, inbound=self.inbound, placement=self.placement,
         )  # fmt: skip
         self.spill = SpillKeeper(crawler, rconfig, client, self.frontier, worker, self.stats, node)
+        #: The pages' revisit states (``BANKER_RECRAWL``), in their partitions.
+        self.revisits = (
+            FleetRevisits(parts, worker, partitions=partitions) if parts.config.recrawl else None
+        )
         self.features = StoreFeatures(
             fence=self.fence, robots=self.robots_cache, telemetry=self.telemetry, node=node,
-            directives_s=TICK_S,
+            directives_s=TICK_S, revisits=self.revisits,
         )  # fmt: skip
         #: The control document's version last handed to the scheduler.
         self._directed = 0

@@ -20,7 +20,9 @@ I/O, batched, as a small loop over named jobs
 5. the partition table is followed many times a second
    (:class:`~scrapy_banker.redis.worker.jobs.TableSync`);
 6. the scheduler's buffer is filled from the partitions this node owns
-   (:class:`~scrapy_banker.redis.worker.jobs.Popper`);
+   (:class:`~scrapy_banker.redis.worker.jobs.Popper`), and, with
+   ``BANKER_RECRAWL``, the pages due for a revisit are taken from them
+   (:class:`~scrapy_banker.redis.worker.jobs.RevisitPopper`);
 7. when the scheduler has room it cannot fill, the crawl's work is counted:
    over, or waiting for a saturated node to be taken over
    (:class:`~scrapy_banker.redis.worker.jobs.DrainWatch`).
@@ -56,6 +58,7 @@ from scrapy_banker.redis.worker.jobs import (
     Popper,
     Reaper,
     Replayer,
+    RevisitPopper,
     TableSync,
     TelemetryWriter,
 )
@@ -66,11 +69,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from scrapy_banker.core.directives import BudgetRules, ControlState
-    from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+    from scrapy_banker.core.ops import EnqueueOp, LeaseToken, RevisitWrite
     from scrapy_banker.core.spill import SpillOps
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.redis.frontier.control_channel import ControlChannel
     from scrapy_banker.redis.frontier.registry import NodeRegistry
+    from scrapy_banker.redis.frontier.revisits import DueRevisit
     from scrapy_banker.redis.worker.control_box import Charge
     from scrapy_banker.redis.worker.placement_agent import PlacementAgent
 
@@ -167,6 +171,7 @@ class FrontierWorker:
             link, state, pending=self.pending_ops, slots=options.slots, steal=options.steal
         )
         self.telemetry = TelemetryWriter(link, state)
+        self.revisits = RevisitPopper(link, state, wall=time.time, on_ready=on_ready)
         #: Reads the operator's directives, charges budgets (None: no control channel).
         self.control = None if control is None else ControlJob(
             link, state, control, interval_s=options.heartbeat_s / 2, rules=budgets,
@@ -338,6 +343,32 @@ class FrontierWorker:
         if want > 0:
             self._kick()
 
+    def enable_revisits(self) -> None:
+        """The crawl revisits pages: take the due ones from the owned partitions."""
+        self.revisits.enabled = True
+        self._kick()
+
+    def save_revisit(self, write: RevisitWrite) -> None:
+        """Keep a page's revisit state in its partition with the next batch, before
+        that batch's acks (a newer state of the page replaces one not sent yet)."""
+        self.state.outbox.revisit(write)
+        self._kick()
+
+    def dead_revisit(self, partition: int, url: str, reason: str) -> None:
+        """Move ``url``'s revisit state, which did not read, to its partition's dead letters."""
+        self.state.revisits_dead.append((partition, url, reason))
+        self._kick()
+
+    @property
+    def revisits_due(self) -> deque[DueRevisit]:
+        """Pages taken for a revisit, for the reactor thread (deque pops are thread-safe)."""
+        return self.state.revisits_due
+
+    @property
+    def revisit_next_due(self) -> float | None:
+        """The earliest due time left in the owned partitions at the last take."""
+        return self.state.revisit_next_due
+
     def publish_telemetry(self, key: str, value: str, px_ms: int) -> None:
         """SET ``key`` to ``value`` (expiring) on the next step; replaces an unsent one.
 
@@ -435,10 +466,11 @@ class FrontierWorker:
         self.reaper.run_once(now)
         self.sync.run_once(now)
         popped = self.popper.run_once()
+        revisited = self.revisits.run_once(now)
         signals = self.state.signals
         if not flushed and not popped and (signals.local_idle or signals.hungry):
             self.drain.run_once(now)
-        return bool(flushed or popped or charged)
+        return bool(flushed or popped or charged or revisited)
 
     def _run(self) -> None:
         counters = self.state.counters

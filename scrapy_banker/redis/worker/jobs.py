@@ -26,6 +26,9 @@ action it times -- so a test drives a job exactly as the loop does:
   known to hold work (with a slow full scan as a safety net); a partition
   whose requests this node already holds up to a cap is skipped, so the
   buffer holds hosts that can start, not a backlog an idle worker could take;
+* :class:`RevisitPopper` -- with ``BANKER_RECRAWL``, the pages due for a
+  revisit in the owned partitions, handed to the scheduler to queue
+  (:mod:`scrapy_banker.redis.frontier.revisits`);
 * :class:`DrainWatch` -- when the scheduler has room it cannot fill, a count
   of every partition (:meth:`RedisFrontier.census
   <scrapy_banker.redis.frontier.RedisFrontier.census>`): if nothing is
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 
     from scrapy_banker.core.ops import EnqueueOp, LeaseToken
     from scrapy_banker.net.partitions import Move
+    from scrapy_banker.redis.frontier import Flushed
     from scrapy_banker.redis.frontier.census import Census
     from scrapy_banker.redis.worker.placement_agent import PlacementAgent
     from scrapy_banker.redis.worker.state import FleetLink, WorkerState
@@ -67,6 +71,8 @@ __all__ = [
     "FULL_SCAN_INTERVAL_S",
     "POP_CHUNK",
     "REAP_HOLD_FRACTION",
+    "REVISIT_POP_LIMIT",
+    "REVISIT_POP_S",
     "STEAL_BACKOFF_MAX_S",
     "STEAL_INTERVAL_S",
     "SYNC_INTERVAL_S",
@@ -76,6 +82,7 @@ __all__ = [
     "Popper",
     "Reaper",
     "Replayer",
+    "RevisitPopper",
     "TableSync",
     "TelemetryWriter",
 ]
@@ -103,6 +110,10 @@ STEAL_BACKOFF_MAX_S = 2.0
 #: Share of the reap interval a finished reaper round keeps the fleet-wide
 #: lock: one round per interval fleet-wide, whoever comes first.
 REAP_HOLD_FRACTION = 0.8
+#: Seconds between two takes of the due revisits of the owned partitions ...
+REVISIT_POP_S = 0.5
+#: ... and the most pages one take hands out per partition.
+REVISIT_POP_LIMIT = 256
 
 
 def refs(
@@ -155,6 +166,7 @@ class Flusher:
             done = frontier.flush(
                 rest, batch.dead, refs(batch.acks, batch.refunds), refs(batch.nacks),
                 refs(batch.starts), hosts=self.host_writes(batch.hosts), node=self.link.node,
+                revisits=list(batch.revisits.values()),
             )  # fmt: skip
             self.record_enqueued(rest, done.enqueued)
             sent = len(enqueues)
@@ -167,6 +179,7 @@ class Flusher:
         counters.add("banker/redis/dead_lettered", done.dead_lettered)
         counters.add("banker/redis/acked", done.acked)
         counters.add("banker/redis/nacked", done.nacked)
+        counters.add("banker/redis/revisits_saved", done.revisits_saved)
         leases = state.leases
         for token, _ in batch.dead:
             leases.forget(token)
@@ -247,7 +260,10 @@ class Replayer:
     def load(self, ops: SpillOps, on_done: Callable[[], None]) -> None:
         """Replay ``ops``; ``on_done`` once Redis took all of them."""
         # A copy: confirmed batches are cut off it as they go.
-        self.ops = SpillOps(list(ops.enqueues), list(ops.dead), list(ops.acks), list(ops.nacks))
+        self.ops = SpillOps(
+            list(ops.enqueues), list(ops.dead), list(ops.acks), list(ops.nacks),
+            list(ops.revisits),
+        )  # fmt: skip
         self._on_done = on_done
 
     def pending(self) -> int:
@@ -271,33 +287,96 @@ class Replayer:
             dead = replay.dead if last else []
             acks = refs(replay.acks) if last else {}
             nacks = refs(replay.nacks) if last else {}
-            done = frontier.flush(batch, dead, acks, nacks)
+            revisits = replay.revisits if last else []
+            done = frontier.flush(batch, dead, acks, nacks, revisits=revisits)
             self.flusher.record_enqueued(batch, done.enqueued)
             del replay.enqueues[: len(batch)]
             counters.add("banker/redis/spill/replayed", len(batch))
             counters.add("banker/redis/spill/enqueued", sum(r is not None for r in done.enqueued))
             if last:
-                self._rest_confirmed(replay, done.dead_lettered, done.acked, done.nacked)
+                self._rest_confirmed(replay, done)
         if len(replay):  # no enqueue left, or none at all
-            done = frontier.flush([], replay.dead, refs(replay.acks), refs(replay.nacks))
-            self._rest_confirmed(replay, done.dead_lettered, done.acked, done.nacked)
+            done = frontier.flush(
+                [], replay.dead, refs(replay.acks), refs(replay.nacks), revisits=replay.revisits
+            )
+            self._rest_confirmed(replay, done)
         self.ops = None
         on_done, self._on_done = self._on_done, None
         if on_done is not None:
             on_done()
         return True
 
-    def _rest_confirmed(self, replay: SpillOps, dead: int, acked: int, nacked: int) -> None:
-        """The spill's dead letters, acks and nacks were confirmed (stale ones did nothing)."""
+    def _rest_confirmed(self, replay: SpillOps, done: Flushed) -> None:
+        """The spill's dead letters, acks, nacks and revisit states were confirmed (stale
+        ones did nothing)."""
         counters = self.state.counters
         counters.add("banker/redis/spill/replayed", len(replay.dead) + len(replay.acks)
-                     + len(replay.nacks))  # fmt: skip
-        counters.add("banker/redis/dead_lettered", dead)
-        counters.add("banker/redis/acked", acked)
-        counters.add("banker/redis/nacked", nacked)
+                     + len(replay.nacks) + len(replay.revisits))  # fmt: skip
+        counters.add("banker/redis/dead_lettered", done.dead_lettered)
+        counters.add("banker/redis/acked", done.acked)
+        counters.add("banker/redis/nacked", done.nacked)
+        counters.add("banker/redis/revisits_saved", done.revisits_saved)
         replay.dead.clear()
         replay.acks.clear()
         replay.nacks.clear()
+        replay.revisits.clear()
+
+
+class RevisitPopper:
+    """Takes the pages due for a revisit from the owned partitions (``BANKER_RECRAWL``).
+
+    Off until the crawl's revisits turn it on (:attr:`enabled`); then every
+    :data:`REVISIT_POP_S` it runs ``revisit_pop.lua`` on every partition this
+    node owns, in one pipeline, and appends what was due to
+    :attr:`WorkerState.revisits_due <scrapy_banker.redis.worker.state.WorkerState.revisits_due>`
+    for the reactor thread, which queues the revisits like any request.
+    Each page handed out is due again after a hold (the lease TTL, or its
+    interval if longer), so one this node dies holding comes due again.
+    """
+
+    def __init__(
+        self, link: FleetLink, state: WorkerState, *, wall: Callable[[], float],
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.link = link
+        self.state = state
+        self.wall = wall
+        self.on_ready = on_ready
+        #: Set (once) by the reactor thread when the crawl revisits pages.
+        self.enabled = False
+        self.next_at = 0.0
+
+    def run_once(self, now: float) -> bool:
+        """Take the due pages when it is time; whether any were taken."""
+        if not self.enabled or now < self.next_at:
+            return False
+        self.next_at = now + REVISIT_POP_S
+        return self.take() > 0
+
+    def take(self) -> int:
+        """Take every owned partition's due pages now; how many."""
+        state = self.state
+        dead = state.revisits_dead
+        if dead:
+            letters = [dead.popleft() for _ in range(len(dead))]
+            try:
+                state.counters.add(
+                    "banker/redis/revisits_dead", self.link.frontier.revisits.dead_many(letters)
+                )
+            except BaseException:
+                dead.extendleft(reversed(letters))
+                raise
+        owned = state.ownership.owned
+        hold_s = self.link.frontier.lease_ttl_ms / 1000
+        popped = self.link.frontier.revisits.pop_many(
+            self.link.node, owned, self.wall(), hold_s, REVISIT_POP_LIMIT
+        )
+        state.revisits_due.extend(popped.due)
+        state.revisit_next_due = popped.next_due
+        state.counters.add("banker/redis/revisits_due", len(popped.due))
+        if popped.due and self.on_ready is not None:
+            self.on_ready()
+        return len(popped.due)
 
 
 class TelemetryWriter:

@@ -7,7 +7,8 @@ writes it, so the threads meet in as few places as possible:
 
 * :class:`Outbox` -- queue operations the reactor thread appends under a lock
   and the worker thread takes whole (the only lock the reactor ever waits
-  on, held for a list append), and the hosts' politeness states to write;
+  on, held for a list append), the hosts' politeness states and the pages'
+  revisit states to write;
 * :class:`Signals` -- single attributes written by one thread and read by the
   other (a read or a write of one attribute is atomic);
 * :class:`Counters` -- stats added up under a lock and taken by the reactor;
@@ -34,11 +35,12 @@ from scrapy_banker.redis.worker.control_box import ControlBox
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from scrapy_banker.core.ops import EnqueueOp, LeaseToken
+    from scrapy_banker.core.ops import EnqueueOp, LeaseToken, RevisitWrite
     from scrapy_banker.net.partitions import PartitionTable
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.redis.frontier.leases import Leased
     from scrapy_banker.redis.frontier.registry import NodeRegistry
+    from scrapy_banker.redis.frontier.revisits import DueRevisit
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +84,14 @@ class Batch:
     hosts: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     #: Acks of requests never fetched after all (put back): their budget page goes back.
     refunds: set[LeaseToken] = field(default_factory=set)
+    #: URL -> its latest revisit state (``BANKER_RECRAWL``).
+    revisits: dict[str, RevisitWrite] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(
             self.enqueues or self.dead or self.acks or self.nacks or self.starts or self.hosts
-        )
+            or self.revisits
+        )  # fmt: skip
 
 
 class Outbox:
@@ -107,6 +112,7 @@ class Outbox:
         self._downloaded: list[LeaseToken] = []
         self._hosts: dict[str, tuple[int, int, str]] = {}
         self._refunds: set[LeaseToken] = set()
+        self._revisits: dict[str, RevisitWrite] = {}
         #: The latest telemetry write (key, JSON, expiry in ms), replaced whole
         #: by the reactor thread; a newer one supersedes an unsent one.
         self.telemetry: tuple[str, str, int] | None = None
@@ -151,10 +157,20 @@ class Outbox:
         with self._lock:
             self._hosts[host] = (partition, epoch, state)
 
-    def __len__(self) -> int:
-        """Queue operations not sent yet (enqueues, dead letters, acks, nacks)."""
+    def revisit(self, write: RevisitWrite) -> None:
+        """Keep a page's revisit state; a newer state of the page replaces one not sent yet
+        (keeping its request payload when the newer one carries none)."""
         with self._lock:
-            return len(self._enqueues) + len(self._dead) + len(self._acks) + len(self._nacks)
+            older = self._revisits.pop(write.url, None)
+            self._revisits[write.url] = write if older is None else write.merged(older)
+
+    def __len__(self) -> int:
+        """Operations not sent yet (enqueues, dead letters, acks, nacks, revisit states)."""
+        with self._lock:
+            return (
+                len(self._enqueues) + len(self._dead) + len(self._acks) + len(self._nacks)
+                + len(self._revisits)
+            )  # fmt: skip
 
     # -- the worker thread -------------------------------------------------------------
 
@@ -164,10 +180,11 @@ class Outbox:
             refunds = {t for t in self._acks if t in self._refunds} if self._refunds else set()
             batch = Batch(
                 self._enqueues, self._dead, self._acks, self._nacks, self._starts, self._hosts,
-                refunds,
+                refunds, self._revisits,
             )  # fmt: skip
             self._enqueues, self._dead, self._acks, self._nacks, self._starts = [], [], [], [], []
             self._hosts = {}
+            self._revisits = {}
             self._refunds -= refunds
         return batch
 
@@ -187,6 +204,9 @@ class Outbox:
             self._refunds |= batch.refunds
             for host, write in batch.hosts.items():
                 self._hosts.setdefault(host, write)  # a newer state wins
+            for url, revisit in batch.revisits.items():
+                newer = self._revisits.get(url)
+                self._revisits[url] = revisit if newer is None else newer.merged(revisit)
 
     def take_downloaded(self) -> list[LeaseToken]:
         with self._lock:
@@ -200,15 +220,18 @@ class Outbox:
     # -- after the worker stopped ------------------------------------------------------
 
     def take_unsent(self) -> SpillOps:
-        """The enqueues, dead letters, acks and nacks never sent, for a spill file.
+        """The enqueues, dead letters, acks, nacks and revisit states never sent, for a spill.
 
         Host states are not spilled: a replay comes after the partition may
         have moved on, and a state is a hint, not work.
         """
         with self._lock:
-            own = SpillOps(self._enqueues, self._dead, self._acks, self._nacks)
+            own = SpillOps(
+                self._enqueues, self._dead, self._acks, self._nacks, list(self._revisits.values())
+            )
             self._enqueues, self._dead, self._acks, self._nacks = [], [], [], []
             self._hosts = {}
+            self._revisits = {}
         return own
 
 
@@ -404,3 +427,13 @@ class WorkerState:
         #: Budget charges and the operator's directives
         #: (:mod:`scrapy_banker.redis.worker.control_box`).
         self.control = ControlBox()
+        #: Pages due for a revisit, taken from the owned partitions
+        #: (:class:`~scrapy_banker.redis.worker.jobs.RevisitPopper`), for the reactor.
+        self.revisits_due: deque[DueRevisit] = deque()
+        #: The earliest due time left in the owned partitions at the last take
+        #: (None: none), replaced whole by the worker thread.
+        self.revisit_next_due: float | None = None
+        #: (partition, URL, reason) of revisit states the reactor could not read,
+        #: for the dead letters (sent by the next take; lost with the process,
+        #: they stay in Redis and come due again).
+        self.revisits_dead: deque[tuple[int, str, str]] = deque()

@@ -291,8 +291,9 @@ def crawl_fleet(
     duration, on one Redis; how many processes ran.
 
     Redis is flushed and the farm reset (``_fleet.fresh``) just before they
-    start.  Only the first worker gets the seeds: ``FreshSpider``'s start URLs
-    are ``dont_filter``, so seeds given to both would be fetched twice.
+    start; spill files stay in ``workdir``.  Only the first worker gets the
+    seeds: ``FreshSpider``'s start URLs are ``dont_filter``, so seeds given
+    to both would be fetched twice.
     """
     with redis_server() as server:
         _fleet.fresh(farm, server.url)
@@ -304,6 +305,8 @@ def crawl_fleet(
                 "REDIS_URL": server.url,
                 "BANKER_REDIS_PREFIX": f"freshness:{workdir.name}",
                 "BANKER_REDIS_NODE_ID": node,
+                # Not the project's .scrapy/: a later run must not replay this one's ops.
+                "BANKER_REDIS_SPILL_DIR": str(workdir / "spill"),
                 "CLOSESPIDER_TIMEOUT": w.duration_s,
             }
             specs[f"banker_fleet-{node}"] = _harness.crawl_spec(

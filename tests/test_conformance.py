@@ -394,7 +394,7 @@ def test_revisits_are_pages_of_the_crawl_budget_and_survive_a_stop(
         assert stats[0]["banker/recrawl/changed"] == TOTAL
     assert sum(s.get("banker/recrawl/unchanged", 0) for s in stats) > 0
     if backend in ("redis", "fleet"):
-        assert all(s.get("banker/redis/revisits_saved", 0) > 0 for s in stats)
+        assert sum(s.get("banker/redis/revisits_saved", 0) for s in stats) > 0
 
 
 def _fetch_counts(b: Any) -> dict[str, int]:

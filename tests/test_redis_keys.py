@@ -44,6 +44,9 @@ def test_every_key_name_is_the_one_a_running_fleet_uses() -> None:
         bloom="{banker:shop:3}:bloom",
         hosts="{banker:shop:3}:hosts",
         over="{banker:shop:3}:over",
+        revisits="{banker:shop:3}:revisits",
+        revisit_requests="{banker:shop:3}:revisit-requests",
+        revisit_due="{banker:shop:3}:revisit-due",
     )
     assert keys.partition(3).level(-2) == "{banker:shop:3}:lv:-2"
     assert (keys.nodes, keys.heartbeats, keys.table) == (
@@ -82,7 +85,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
     slots = []
     for p in range(64):
         names = keys.partition(p).names()
-        assert len(names) == 10
+        assert len(names) == 13
         # The level lists too: the scripts name them from the levels key.
         names += (keys.partition(p).level(0), keys.partition(p).level(-7))
         assert len({key_slot(n.encode()) for n in names}) == 1
@@ -93,7 +96,7 @@ def test_a_partitions_keys_share_one_slot_and_partitions_spread() -> None:
 def test_cleared_is_the_whole_crawl_but_the_network_measurements() -> None:
     keys = Keyspace(PREFIX, 4)
     cleared = list(keys.cleared())
-    assert len(cleared) == len(set(cleared)) == 4 * 10 + 15
+    assert len(cleared) == len(set(cleared)) == 4 * 13 + 15
     for p in range(4):
         assert set(keys.partition(p).names()) <= set(cleared)
     assert {

@@ -19,14 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from conftest import child_env, output_tail, run_python
 from scrapy.settings import Settings
 
 from scrapy_banker import Addon
 from scrapy_banker.errors import BankerConfigError
+from scrapy_banker.redis.keys import Keyspace
 from scrapy_banker.settings import load_config
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.farm.changes import judge
+from scrapy_banker.testing.redis_server import RedisServer
 
 PER_HOST = 2
 
@@ -271,6 +274,119 @@ def test_a_jobdir_crawl_resumes_with_every_pages_due_time_and_validators(
     assert ", every " in explained["revisit"]
 
 
+def _fleet_states(url: str, prefix: str, partitions: int) -> dict[str, dict[str, Any]]:
+    """Every page's revisit state as the fleet keeps it in Redis (an operator's read)."""
+    client = redis.Redis.from_url(url)
+    try:
+        keys = Keyspace(prefix, partitions)
+        return {
+            page.decode(): json.loads(state)
+            for p in range(partitions)
+            for page, state in client.hgetall(keys.partition(p).revisits).items()
+        }
+    finally:
+        client.close()
+
+
+def _states_by_owner(url: str, prefix: str, partitions: int) -> dict[str, int]:
+    """Node -> the pages' states its partitions hold (the owner key names ``node@epoch``)."""
+    client = redis.Redis.from_url(url)
+    try:
+        keys = Keyspace(prefix, partitions)
+        out: dict[str, int] = {}
+        for p in range(partitions):
+            owner = client.get(keys.partition(p).owner)
+            node = owner.decode().split("@")[0] if owner else ""
+            out[node] = out.get(node, 0) + client.hlen(keys.partition(p).revisits)
+        return out
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_fleet_keeps_due_times_in_redis_and_a_killed_workers_pages_are_revisited(
+    tmp_path: Path,
+) -> None:
+    """Two workers on one Redis; one is killed with ``kill -9`` once pages were revisited.
+    The survivor takes its partitions over and revisits their pages from the states in
+    Redis: none before its due time, conditionally, with the host limit kept fleet-wide."""
+    script = tmp_path / "crawl.py"
+    script.write_text(SCRIPT)
+    prefix, partitions = "banker:revisits", 8
+    with WebFarm(FARM) as farm, RedisServer() as server:
+        pages = len(farm.model.expected_urls(farm.port))
+        seeds = set(farm.start_urls())
+
+        def worker(node: int, timeout: float) -> subprocess.Popen[bytes]:
+            settings = _settings(
+                SCHEDULER="scrapy_banker.redis.scheduler.BankerRedisScheduler",
+                REDIS_URL=server.url, BANKER_REDIS_PREFIX=prefix,
+                BANKER_REDIS_NODE_ID=f"n{node}", BANKER_REDIS_PARTITIONS=partitions,
+                BANKER_REDIS_HEARTBEAT=0.5, BANKER_REDIS_NODE_TIMEOUT=2.0,
+                BANKER_REDIS_LEASE_TTL=2.0, BANKER_REDIS_REAP_INTERVAL=0.5,
+                BANKER_REDIS_SPILL_DIR=str(tmp_path / f"spill-{node}"),
+                BANKER_RECRAWL_STAY_OPEN=True, BANKER_RECRAWL_INTERVAL=2.0,
+                BANKER_RECRAWL_MAX_INTERVAL=6.0, CLOSESPIDER_TIMEOUT=timeout,
+            )  # fmt: skip
+            return subprocess.Popen(
+                [sys.executable, str(script), json.dumps(sorted(seeds) if node == 0 else []),
+                 json.dumps(settings)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(),
+            )  # fmt: skip
+
+        workers = {"n0": worker(0, 14), "n1": worker(1, 14)}
+        deadline = time.monotonic() + 60
+        while sum(map(len, farm.stats()["page_fetches"].values())) < 2 * pages:
+            for proc in workers.values():
+                assert proc.poll() is None, proc.communicate()[0].decode()[-4000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        # The victim: the worker whose partitions hold the most pages' states now.
+        held = _states_by_owner(server.url, prefix, partitions)
+        name = max(held, key=lambda node: held[node])
+        victim = workers.pop(name)
+        (survivor,) = workers.values()
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate(timeout=30)
+        assert held[name] > 0, held
+        killed_at = time.time()
+        states = _fleet_states(server.url, prefix, partitions)
+        before = farm.stats()
+        out, _ = survivor.communicate(timeout=120)
+        after = farm.stats()
+        clock_offset = time.time() - after["changes_clock_s"]
+    assert survivor.returncode == 0, out.decode()[-3000:]
+    lines = out.decode().splitlines()
+    stats = json.loads(next(x for x in lines if x.startswith("STATS "))[6:])
+    assert stats["finish_reason"] == "closespider_timeout"
+    # Every page found has its state in Redis, kept by whichever worker fetched it.
+    assert len(states) >= pages - 2  # (a page in flight at the kill may have none yet)
+    # The killed worker's hosts were revisited too: every host, after the kill.
+    later = {
+        url for url, times in after["page_fetches"].items()
+        if any(t + clock_offset > killed_at + 0.5 for t in times)
+    }  # fmt: skip
+    hosts = {u.split("//", 1)[1].split(":", 1)[0] for u in later}
+    assert len(hosts) == farm.model.config.hosts, hosts
+    assert len(later - seeds) >= pages // 2
+    # No page was fetched again before the due time its state had at the kill.
+    early = {}
+    for url, state in states.items():
+        if url in seeds:
+            continue
+        again = [t + clock_offset for t in after["page_fetches"].get(url, [])
+                 if t + clock_offset >= killed_at]  # fmt: skip
+        if again and again[0] < state.get("due", 0.0) - 0.01:
+            early[url] = (again[0], state["due"])
+    assert not early, early
+    # Revisits carried the validators of the state in Redis; the host limit held.
+    not_modified = after["statuses"].get("304", 0) - before["statuses"].get("304", 0)
+    assert stats["banker/recrawl/not_modified"] > 0 and not_modified > 0
+    assert stats["banker/redis/revisits_due"] > 0 and stats["banker/redis/revisits_saved"] > 0
+    assert max(after["max_inflight_per_host"].values()) <= PER_HOST
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_sitemap_spider_revisits_and_a_trusted_lastmod_brings_pages_forward(
@@ -354,12 +470,11 @@ def test_without_stay_open_the_crawl_closes_and_counts_what_was_still_due(
     assert "304" not in served["statuses"] and "banker/recrawl/not_modified" not in stats
 
 
-def test_revisits_are_refused_on_a_fleet_and_kept_in_a_jobdir(tmp_path: Path) -> None:
+def test_revisits_start_in_every_mode(tmp_path: Path) -> None:
     fleet = {"SCHEDULER": "scrapy_banker.redis.scheduler.BankerRedisScheduler"}
-    with pytest.raises(BankerConfigError, match=r"Invalid BANKER_RECRAWL=True: .*on a fleet"):
-        Addon().update_settings(Settings({"BANKER_RECRAWL": True, **fleet}))
-    Addon().update_settings(Settings(fleet))  # without revisits, the same settings start
+    Addon().update_settings(Settings({"BANKER_RECRAWL": True, **fleet}))
     Addon().update_settings(Settings({"BANKER_RECRAWL": True, "JOBDIR": str(tmp_path)}))
+    Addon().update_settings(Settings({"BANKER_RECRAWL": True}))
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,7 @@ def test_round_trip_keeps_every_op_and_its_order() -> None:
     assert parsed.bad == []
     assert parsed.header == HEADER
     assert parsed.ops == ops
-    assert ops.counts() == {"enqueue": 2, "dead": 1, "ack": 2, "nack": 1}
+    assert ops.counts() == {"enqueue": 2, "dead": 1, "ack": 2, "nack": 1, "revisit": 0}
     assert ops.describe() == "2 enqueues, 1 dead letter, 2 acks, 1 nack"
 
 

@@ -29,14 +29,15 @@ the downloader after its page was fetched since (the copy a resumed queue
 still held, beside the one the due times sent again) is superseded and
 dropped.  On a fleet the states and due times live in the pages' partitions
 in Redis instead (the store's ``features.revisits``,
-:class:`~scrapy_banker.redis.store.revisits.FleetRevisits`): each fetch's
+:class:`~scrapy_banker.redis.store.fleet_revisits.FleetRevisits`): each fetch's
 state is written there, the partition's owner takes its due pages, and a
 revisit carries the state it was sent with (``banker_revisit_state``), so
 whichever worker fetches it judges the response without a Redis read; this
 process keeps only the states of the pages it fetched, as a cache.
 ``BANKER_RECRAWL_STAY_OPEN`` keeps an idle crawl open until the next due
-time; without it, the crawl closes when nothing is due now and counts what
-was still to come.
+time (a fleet's workers until they are stopped: a page may come due in any
+partition a worker owns or takes over); without it, the crawl closes when
+nothing is due now and counts what was still to come.
 
 Which :class:`~scrapy_banker.core.recrawl.RecrawlPolicy` a page follows is
 the first ``BANKER_RECRAWL_RULES`` entry its URL and topic match, else the
@@ -244,10 +245,14 @@ class RecrawlMiddleware:
 
     def spider_idle(self, spider: Spider) -> None:
         self.send_due()
-        if self.stay_open and (len(self.due) or (
-            self.shared is not None and self.shared.next_due() is not None
-        )):  # fmt: skip
+        if self.stay_open and self._anything_to_come():
             raise DontCloseSpider
+
+    def _anything_to_come(self) -> bool:
+        """Whether a page will come due: one this process keeps; on a fleet always, as
+        any page of the crawl may come due in a partition this worker owns or takes
+        over (a worker stays a member of the fleet until it is stopped)."""
+        return self.shared is not None or len(self.due) > 0
 
     def send_due(self) -> int:
         """Hand every URL due now to the engine; how many."""
@@ -324,9 +329,14 @@ class RecrawlMiddleware:
         if state is None:
             return
         issued = request.meta[META_REVISIT]
-        if request.url in self.downloading or (type(issued) is float and state.fetched > issued):
+        if (
+            request.url in self.downloading
+            or (type(issued) is float and state.fetched > issued)
+            or (self.shared is not None and self.shared.redelivered(request))
+        ):
             # Fetched since this revisit was sent, or being fetched: a copy that
-            # a resumed queue still held beside the one its due time sent again.
+            # a resumed queue still held beside the one its due time sent again
+            # (on a fleet: one a dead worker held, which Redis's due time sends again).
             self._inc("banker/recrawl/superseded")
             raise _Superseded(f"revisit superseded by another fetch: {request.url}")
         self.downloading.add(request.url)

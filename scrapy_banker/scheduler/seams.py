@@ -106,7 +106,7 @@ class SharedRobots(Protocol):
 
 class SharedRevisits(Protocol):
     """Where a store keeps the pages' revisit states for every worker (a fleet's:
-    :mod:`scrapy_banker.redis.store.revisits`); read by
+    :mod:`scrapy_banker.redis.store.fleet_revisits`); read by
     :class:`~scrapy_banker.middlewares.RecrawlMiddleware`."""
 
     def start(self) -> None:
@@ -123,6 +123,11 @@ class SharedRevisits(Protocol):
 
     def next_due(self) -> float | None:
         """The earliest due time left of the pages this process may take (None: none)."""
+
+    def redelivered(self, request: Request) -> bool:
+        """Whether ``request`` is a revisit delivered again because the worker holding it
+        died or stalled: its page's due time, kept by the store, sends it again, and
+        the dead worker may have fetched it already."""
 
 
 class FleetTelemetry(Protocol):

@@ -17,7 +17,7 @@ of parts by concern, each in its own module:
   crawl gave up on, with the reason;
 * :class:`~scrapy_banker.redis.frontier.hosts.HostStates` -- each host's
   politeness state, kept with its partition so that it moves with the host;
-* :class:`~scrapy_banker.redis.frontier.revisits.RevisitStates` -- each
+* :class:`~scrapy_banker.redis.frontier.revisit_states.RevisitStates` -- each
   page's revisit state and due time (``BANKER_RECRAWL``), kept the same way.
 
 They share one :class:`~scrapy_banker.redis.frontier.link.FrontierLink`: the
@@ -59,7 +59,7 @@ from scrapy_banker.redis.frontier.hosts import HostStates
 from scrapy_banker.redis.frontier.leases import Leases
 from scrapy_banker.redis.frontier.link import FrontierLink
 from scrapy_banker.redis.frontier.reaper import REAP_CHUNK, REAP_LIMIT, LeaseReaper
-from scrapy_banker.redis.frontier.revisits import RevisitStates
+from scrapy_banker.redis.frontier.revisit_states import RevisitStates
 from scrapy_banker.redis.keys import Keyspace, PartitionKeys, decode
 from scrapy_banker.redis.scripts import Refusal, ScriptCall
 
@@ -165,7 +165,7 @@ class RedisFrontier:
         the order sent; on a cluster one round trip per step.  ``starts``
         (``partition -> refs`` of deliveries whose fetch began, see
         :meth:`start_many`) go first: they only mark leases.  Pages' revisit
-        states (:mod:`~scrapy_banker.redis.frontier.revisits`) go with the
+        states (:mod:`~scrapy_banker.redis.frontier.revisit_states`) go with the
         enqueues: the ack of the fetch that made one never lands before it.
         """
         leases = self.leases

@@ -35,7 +35,7 @@ parts by concern:
   politeness states, published with their partition and adopted with it;
 * :class:`~scrapy_banker.redis.store.lease_fence.LeaseFence` -- the lease checked again
   at the last moment before a request is sent;
-* :class:`~scrapy_banker.redis.store.revisits.FleetRevisits` -- the pages' revisit
+* :class:`~scrapy_banker.redis.store.fleet_revisits.FleetRevisits` -- the pages' revisit
   states in their partitions, when ``BANKER_RECRAWL`` is on.
 
 The store itself builds them, runs the lifecycle and a 100 ms tick, and
@@ -63,13 +63,13 @@ from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.frontier.control_channel import ControlChannel
 from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.store.acks import AckBook
+from scrapy_banker.redis.store.fleet_revisits import FleetRevisits
 from scrapy_banker.redis.store.host_sync import HostSync
 from scrapy_banker.redis.store.inbound import Inbound, lease_of
 from scrapy_banker.redis.store.lease_fence import LeaseFence
 from scrapy_banker.redis.store.node_telemetry import NodeTelemetry
 from scrapy_banker.redis.store.outbound import Outbound
 from scrapy_banker.redis.store.placement_hook import placement_for
-from scrapy_banker.redis.store.revisits import FleetRevisits
 from scrapy_banker.redis.store.robots_cache import RobotsCache
 from scrapy_banker.redis.store.spill_keeper import SpillKeeper
 from scrapy_banker.redis.worker import FrontierWorker, WorkerOptions
@@ -290,6 +290,8 @@ class RedisLeaseStore:
     def close(self, reason: str) -> Deferred[None] | None:
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
+        if self.revisits is not None:
+            self.revisits.close()
         self.hosts.publish()  # before the acks and nacks, as always
         self.acks.ack_finished(everything=True)
         self.inbound.give_back_buffered()

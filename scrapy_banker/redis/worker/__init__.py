@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.redis.frontier.control_channel import ControlChannel
     from scrapy_banker.redis.frontier.registry import NodeRegistry
-    from scrapy_banker.redis.frontier.revisits import DueRevisit
+    from scrapy_banker.redis.frontier.revisit_states import DueRevisit
     from scrapy_banker.redis.worker.control_box import Charge
     from scrapy_banker.redis.worker.placement_agent import PlacementAgent
 

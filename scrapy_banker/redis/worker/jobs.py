@@ -28,7 +28,7 @@ action it times -- so a test drives a job exactly as the loop does:
   buffer holds hosts that can start, not a backlog an idle worker could take;
 * :class:`RevisitPopper` -- with ``BANKER_RECRAWL``, the pages due for a
   revisit in the owned partitions, handed to the scheduler to queue
-  (:mod:`scrapy_banker.redis.frontier.revisits`);
+  (:mod:`scrapy_banker.redis.frontier.revisit_states`);
 * :class:`DrainWatch` -- when the scheduler has room it cannot fill, a count
   of every partition (:meth:`RedisFrontier.census
   <scrapy_banker.redis.frontier.RedisFrontier.census>`): if nothing is

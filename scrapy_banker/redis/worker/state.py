@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from scrapy_banker.redis.frontier import RedisFrontier
     from scrapy_banker.redis.frontier.leases import Leased
     from scrapy_banker.redis.frontier.registry import NodeRegistry
-    from scrapy_banker.redis.frontier.revisits import DueRevisit
+    from scrapy_banker.redis.frontier.revisit_states import DueRevisit
 
 logger = logging.getLogger(__name__)
 

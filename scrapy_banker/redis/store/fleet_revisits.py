@@ -4,13 +4,18 @@
 and due time itself in one process; on a fleet it hands them to this
 :class:`FleetRevisits` (the store's ``features.revisits``), which queues
 each state for the worker thread to write into the page's partition
-(:mod:`scrapy_banker.redis.frontier.revisits`) -- the partition its
+(:mod:`scrapy_banker.redis.frontier.revisit_states`) -- the partition its
 requests go to, by the scheduler's classifier -- and turns the due pages
 the worker thread took from the partitions this node owns back into the
 spider's requests.  The request a revisit copies is kept encoded as an
 enqueue's payload (JSON, allow-listed, never pickled) and decoded as a
 leased one is; one that does not read is logged, counted in
 ``banker/recrawl/malformed`` and moved to the partition's dead letters.
+A revisit whose lease was reaped from a dead worker is dropped when it is
+delivered again (:meth:`FleetRevisits.redelivered`): that worker may have
+fetched it and written the page's new state, which the new holder cannot
+see without a Redis read, and if it did not, the page's due time in Redis
+sends the revisit again after its hold.
 Nothing here waits for Redis.
 """
 
@@ -22,7 +27,8 @@ from typing import TYPE_CHECKING
 
 from scrapy import Request
 
-from scrapy_banker.core.ops import RevisitWrite
+from scrapy_banker.core.meta import META_LEASE
+from scrapy_banker.core.ops import LeaseToken, RevisitWrite
 from scrapy_banker.core.recrawl import UrlState
 from scrapy_banker.scheduler.classifier import UnparsableURL
 from scrapy_banker.scheduler.serialize import MalformedPayload, UnserializableRequest
@@ -46,9 +52,15 @@ class FleetRevisits:
         self.worker = worker
         self.partitions = partitions
         self._unsaved_logged = False
+        #: Set when the store closes: a page taken but not queued by then comes due
+        #: again after its hold, rather than be queued into a stopped worker (a spill).
+        self.closed = False
 
     def start(self) -> None:
         self.worker.enable_revisits()
+
+    def close(self) -> None:
+        self.closed = True
 
     def save(
         self, url: str, state: UrlState, request: Request | None, spider: Spider | None
@@ -69,7 +81,9 @@ class FleetRevisits:
         self.worker.save_revisit(RevisitWrite(partition, url, text, state.due, payload))
 
     def take_due(self, spider: Spider) -> list[tuple[str, UrlState, Request]]:
-        out = []
+        out: list[tuple[str, UrlState, Request]] = []
+        if self.closed:
+            return out
         due = self.worker.revisits_due
         codec, stats = self.parts.codec, self.parts.stats
         while due:
@@ -92,6 +106,12 @@ class FleetRevisits:
 
     def next_due(self) -> float | None:
         return self.worker.revisit_next_due
+
+    def redelivered(self, request: Request) -> bool:
+        # A lease reaped from a dead (or stalled) holder comes back with a higher
+        # delivery; a nack (a clean stop, a partition that moved) takes its own back.
+        token = request.meta.get(META_LEASE)
+        return isinstance(token, LeaseToken) and token.delivery > 1
 
     def _partition(self, request: Request) -> int:
         """The partition ``request``'s queue goes to: where its page's state is kept."""

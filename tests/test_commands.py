@@ -6,7 +6,9 @@ after 60 s, so the workers stay alive and busy while the commands look at
 them; then the workers are killed (``SIGKILL``) and the commands see dead
 owners, an expired lease, and what a producer queues meanwhile.  A single
 node's JOBDIR comes from a real ``scrapy crawl`` of example_project stopped
-with SIGINT.  Every read-only command is checked to write nothing: the
+with SIGINT.  A fleet's revisit states are written as its workers write them
+(``RevisitStates.save_many``) in the partitions the crawl's classifier
+gives their URLs.  Every read-only command is checked to write nothing: the
 persistent keys are dumped before and after.
 """
 
@@ -27,16 +29,23 @@ import pytest
 import redis
 from conftest import PROJECT, TESTS, run_scrapy
 from scrapy import Request
+from scrapy.settings import Settings
 from scrapy.utils.request import RequestFingerprinter
 
+from scrapy_banker.core.change_rate import RateEstimate, freshness
 from scrapy_banker.core.hashing import bkdr
 from scrapy_banker.core.journal import parse_enqueue
+from scrapy_banker.core.ops import RevisitWrite
+from scrapy_banker.core.recrawl import UrlState
 from scrapy_banker.ops.fleet_view import read_fleet
 from scrapy_banker.ops.jobdir_view import jobdir_directory
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.keys import Keyspace
+from scrapy_banker.scheduler.classifier import Classifier
+from scrapy_banker.scheduler.downloader import DownloaderView
 from scrapy_banker.scheduler.serialize import RequestCodec
+from scrapy_banker.settings import load_config
 from scrapy_banker.testing.farm import FarmConfig, WebFarm
 from scrapy_banker.testing.fleet import FleetWorker
 from scrapy_banker.testing.redis_server import RedisServer
@@ -238,6 +247,9 @@ def test_live_fleet_status_explain_and_assign_dry_run(fleet: Fleet) -> None:
     text = _banker("status", *fleet.args())
     assert text.returncode == 0 and "w0" in text.stdout and "Nodes" in text.stdout
     assert "\x1b[" not in text.stdout  # a pipe gets plain text
+    # No BANKER_RECRAWL: no revisits to speak of.
+    assert "revisits" not in status and "Revisits" not in text.stdout
+    assert done["revisit"] is None
     assert time.monotonic() - started < 60
 
 
@@ -320,6 +332,78 @@ def test_dead_fleet_explain_deadletters_requeue_and_assign(fleet: Fleet) -> None
     table = registry.load_table()
     assert set(table.owners) == {"w2"}
     assert frontier.owner(partition) == f"w2@{table.epochs[partition]}"
+
+
+def test_fleet_status_and_explain_show_the_revisit_states_kept_in_redis(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    prefix, partitions = "banker:revisits", 16
+    args = ["--prefix", prefix, "-s", f"REDIS_URL={redis_server.url}",
+            "-s", f"BANKER_REDIS_PARTITIONS={partitions}"]  # fmt: skip
+    classifier = Classifier(load_config(Settings()), DownloaderView(), None)
+
+    def partition(url: str) -> int:  # as explain (and the crawl's FleetRevisits) computes it
+        return classifier.classify(Request(url)).key_hash % partitions
+
+    now = time.time()
+    rate = RateEstimate(changed=2, changed_s=7200.0, unchanged_n=1, unchanged_s=3600.0)
+    states = {
+        "http://a.test/changing": UrlState(due=now - 600, interval=3600.0, fetched=now - 4200,
+                                           changes=2, unchanged=1, rate=rate),
+        # 30 s of slack: the commands run a few seconds after "now".
+        "http://a.test/quiet": UrlState(due=now + 3 * 3600 + 12 * 60 + 30, interval=4 * 3600.0,
+                                        fetched=now - 3000, unchanged=4),
+        "http://b.test/failing": UrlState(due=now - 65, interval=30.0, fetched=now - 95,
+                                          failures=1),
+    }  # fmt: skip
+    writes = [
+        RevisitWrite(partition(url), url, json.dumps(state.to_json()), state.due, "")
+        for url, state in states.items()
+    ]
+    broken = "http://c.test/broken"
+    writes.append(RevisitWrite(partition(broken), broken, "{not json", now - 5, ""))
+    assert len({w.partition for w in writes}) > 1  # spread over partitions
+    frontier = RedisFrontier(redis_client, prefix=prefix, partitions=partitions)
+    assert frontier.revisits.save_many(writes) == 4
+    before = _dump(redis_client)
+
+    # status: the fleet's states summed as a JOBDIR's are (the crawl is nothing else yet).
+    status = _ok(_banker("status", *args, "--json"))
+    assert status["kind"] == "fleet" and status["totals"]["queued"] == 0
+    revisits = status["revisits"]
+    assert (revisits["pages"], revisits["due_now"], revisits["malformed"]) == (3, 2, 1)
+    assert (revisits["changes"], revisits["unchanged"], revisits["failures"]) == (2, 5, 1)
+    assert revisits["most_overdue_s"] == pytest.approx(600, abs=30)
+    assert revisits["next_due_s"] == pytest.approx(3 * 3600 + 12 * 60 + 30, abs=30)
+    estimated = rate.rate()
+    assert estimated is not None
+    assert revisits["freshness"] == pytest.approx((freshness(estimated, 1 / 3600) + 2.0) / 3)
+    text = _banker("status", *args)
+    assert text.returncode == 0, text.stderr[-3000:]
+    (line,) = [x for x in text.stdout.splitlines() if x.startswith("Revisits:")]
+    assert line.startswith("Revisits: 3 pages, 2 due now (the latest 10 min ")
+    assert line.endswith(
+        f", the next in 3 h 12 min; fetches found 2 changed, 5 unchanged, 1 failed; "
+        f"estimated freshness {revisits['freshness']:.2f}"
+    )
+
+    # explain: a page known only by its revisit state, in words; its partition's.
+    quiet = _ok(_banker("explain", "http://a.test/quiet", *args, "--json"))
+    assert quiet["partition"] == partition("http://a.test/quiet")
+    assert quiet["state"] == "unknown" and quiet["seen"] is False
+    assert quiet["revisit"] == "due in 3 h 12 min, every 4 h, unchanged 4 times"
+    failing = _ok(_banker("explain", "http://b.test/failing", *args, "--json"))
+    assert failing["revisit"].startswith("due now (1 min ")
+    assert failing["revisit"].endswith(" late), every 30 s, failed once")
+    printed = _banker("explain", "http://a.test/changing", *args)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    assert "Revisit: due now (10 min " in printed.stdout
+    assert "every 1 h, unchanged once, changed 2 times" in printed.stdout
+    unreadable = _ok(_banker("explain", broken, *args, "--json"))
+    assert unreadable["revisit"] is None
+    assert any("revisit state" in n and "does not read" in n for n in unreadable["notes"])
+    assert "not in this crawl" in _error(_banker("explain", "http://a.test/never", *args))
+    assert _dump(redis_client) == before, "a read-only command wrote to Redis"
 
 
 def test_unknown_spider_in_a_project_is_one_line() -> None:

@@ -1,4 +1,5 @@
-"""The operator's view of a JOBDIR's revisits, from the file a crawl writes."""
+"""The operator's view of a crawl's revisits, from the file a crawl writes (a fleet's, read
+from Redis, is summed by the same code: ``tests/test_commands.py`` runs it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import pytest
 
 from scrapy_banker.core.change_rate import RateEstimate, freshness
 from scrapy_banker.core.recrawl import UrlState
-from scrapy_banker.ops.revisits_view import describe, duration, read_revisits
+from scrapy_banker.ops.revisits_view import (
+    RevisitTally,
+    describe,
+    duration,
+    parse_state,
+    read_revisits,
+    summarise,
+)
 
 NOW = 1.8e9
 
@@ -50,6 +58,31 @@ def test_the_view_counts_due_pages_the_next_due_time_and_estimates_freshness(
     assert view.freshness == pytest.approx((freshness(estimated, 1 / 60) + 1.0) / 2)
     assert view.to_json()["due_now"] == 1
     assert view.summary().startswith("Revisits: 2 pages, 1 due now (the latest 2 min late)")
+
+
+def test_states_fed_one_at_a_time_sum_up_as_a_jobdir_file_does(tmp_path: Path) -> None:
+    rate = RateEstimate(changed=2, changed_s=20.0, unchanged_n=3, unchanged_s=30.0)
+    states = {
+        "http://a.test/1": UrlState(due=NOW - 30, interval=10.0, changes=2, rate=rate),
+        "http://a.test/2": UrlState(due=NOW, interval=60.0, unchanged=3),
+        "http://b.test/1": UrlState(due=NOW + 90, interval=120.0, failures=1),
+    }
+    _write(tmp_path, [_line(u, s) for u, s in states.items()] + ["{}\n"])
+    from_file = read_revisits(str(tmp_path), NOW)
+    assert from_file is not None and from_file.malformed == 1
+    assert summarise(states.values(), 1, NOW) == from_file
+    # As a fleet's states stream out of Redis: JSON text, one that does not read.
+    tally = RevisitTally(NOW)
+    for text in [json.dumps(s.to_json()) for s in states.values()] + ['{"due": "soon"}']:
+        try:
+            tally.add(parse_state(text))
+        except ValueError:
+            tally.malformed += 1
+    assert tally.view() == from_file
+    assert from_file.most_overdue_s == 30 and from_file.due_now == 2  # due at NOW is due
+    assert summarise([], 0, NOW) is None
+    only_broken = summarise([], 2, NOW)
+    assert only_broken is not None and only_broken.summary() == "Revisits: none kept"
 
 
 def test_one_page_in_words() -> None:

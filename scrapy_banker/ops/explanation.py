@@ -7,7 +7,10 @@ request, the owner's heartbeat and epoch, the hand-over fence, and the
 owner's telemetry (its download slot for the host, the topics it serves,
 its admission gate).  The one sentence saying why the request waits is
 built only from what was just read, most decisive reason first, so it
-names what an operator can check.
+names what an operator can check.  A page the crawl revisits
+(:setting:`BANKER_RECRAWL`) has its state in the same partition, said in
+words as ``explain --jobdir`` says it
+(:func:`~scrapy_banker.ops.revisits_view.describe`).
 
 Reads only, and only one partition's keys plus the fleet's heartbeats and
 telemetry; it runs when an operator asks, never in a crawl.  Payloads are
@@ -28,10 +31,12 @@ from scrapy_banker.ops.fleet_view import (
     handover_waits,
     node_registry,
     read_telemetry,
+    revisit_states,
     round_or_none,
     server_time_ms,
 )
 from scrapy_banker.ops.payloads import PayloadInfo, describe_payload
+from scrapy_banker.ops.revisits_view import describe, parse_state
 from scrapy_banker.redis.frontier.enqueue import in_bloom
 from scrapy_banker.redis.keys import DELIVERIES, LEASE_EPOCH, decode
 from scrapy_banker.scheduler.serialize import RequestCodec
@@ -115,6 +120,11 @@ class Explanation:
     #: One sentence: why it waits (None when it does not wait).
     waiting: str | None
     notes: tuple[str, ...] = ()
+    #: When the page is fetched again (``BANKER_RECRAWL``), in words; None: it is not,
+    #: or its state does not read (a note says so).
+    revisit: str | None = None
+    #: Whether its partition keeps a revisit state for it, readable or not.
+    revisit_kept: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,6 +148,7 @@ class Explanation:
             "copies": [c.to_json() for c in self.copies],
             "waiting": self.waiting,
             "notes": list(self.notes),
+            "revisit": self.revisit,
         }
 
 
@@ -435,6 +446,18 @@ def explain_url(
         state = "done"
     if len(copies) > 1:
         notes.append(f"{len(copies)} copies found (dont_filter requests or redeliveries)")
+    # A page the crawl revisits (a start URL too: Scrapy asks for those with
+    # dont_filter, so the seen set never has them), kept where its requests go.
+    kept = revisit_states(client, keyspace).read(partition, request.url)
+    revisit = None
+    if kept is not None:
+        try:
+            revisit = describe(parse_state(kept[0]), now_ms / 1000)
+        except ValueError as exc:
+            notes.append(
+                f"its revisit state in partition {partition} does not read ({exc}): the "
+                "partition's owner moves it to the dead letters when it comes due"
+            )
     return Explanation(
         url=request.url,
         fingerprint=fingerprint,
@@ -454,4 +477,6 @@ def explain_url(
         state=state,
         waiting=waiting,
         notes=tuple(notes),
+        revisit=revisit,
+        revisit_kept=kept is not None,
     )

@@ -3,7 +3,9 @@
 One call, :func:`read_fleet`, reads a crawl's fleet at one instant: the
 nodes (heartbeat, capacity, telemetry), the partition table (owners,
 hand-overs), per partition the requests queued, leased and dead-lettered,
-the topics the live nodes report, placement and the reaper.  Everything is
+the topics the live nodes report, placement and the reaper -- and, when
+asked (``scrapy banker status``), the pages kept for revisits
+(:func:`read_fleet_revisits`, :setting:`BANKER_RECRAWL`).  Everything is
 read from Redis through the crawl's own names
 (:class:`~scrapy_banker.redis.keys.Keyspace`,
 :class:`~scrapy_banker.redis.frontier.registry.NodeRegistry`), so the view can never
@@ -32,8 +34,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.core.telemetry import Sample, sample_from_dict
+from scrapy_banker.ops.revisits_view import RevisitsView, RevisitTally, parse_state
 from scrapy_banker.redis.frontier import RedisFrontier
+from scrapy_banker.redis.frontier.link import FrontierLink
 from scrapy_banker.redis.frontier.registry import NodeRegistry
+from scrapy_banker.redis.frontier.revisit_states import RevisitStates
 from scrapy_banker.redis.keys import EPOCH_LEASES, QUEUED, Keyspace, decode
 
 if TYPE_CHECKING:
@@ -60,7 +65,9 @@ __all__ = [
     "handover_waits",
     "node_registry",
     "read_fleet",
+    "read_fleet_revisits",
     "read_telemetry",
+    "revisit_states",
     "round_or_none",
     "server_time_ms",
 ]
@@ -277,13 +284,15 @@ class FleetView:
     reaper: ReaperView
     #: Requests held over a budget (kept, fetched if a budget is raised).
     over_budget: int = 0
+    #: The pages kept for revisits (None: none kept, or not read).
+    revisits: RevisitsView | None = None
 
     @property
     def exists(self) -> bool:
         """Whether anything of this crawl is in Redis (a wrong prefix finds nothing)."""
         return bool(
             self.table_version or self.nodes or self.queued or self.leased or self.dead
-            or self.finished
+            or self.finished or self.revisits is not None
         )  # fmt: skip
 
     @property
@@ -291,7 +300,7 @@ class FleetView:
         return tuple(n for n in self.nodes if n.alive)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "kind": "fleet",
             "prefix": self.prefix,
@@ -320,12 +329,39 @@ class FleetView:
             "placement": self.placement.to_json(),
             "reaper": self.reaper.to_json(),
         }
+        if self.revisits is not None:
+            out["revisits"] = self.revisits.to_json()
+        return out
 
 
 def node_registry(client: Client, keyspace: Keyspace, node_timeout_s: float) -> NodeRegistry:
     """The crawl's node registry (table, heartbeats, wake-ups), as a worker builds it."""
     frontier = RedisFrontier(client, prefix=keyspace.prefix, partitions=keyspace.partitions)
     return NodeRegistry(client, frontier, node_timeout_ms=max(1, int(node_timeout_s * 1000)))
+
+
+def revisit_states(client: Client, keyspace: Keyspace) -> RevisitStates:
+    """The crawl's revisit states (``BANKER_RECRAWL``), as its workers keep them."""
+    return RevisitStates(FrontierLink.of(client, keyspace))
+
+
+def read_fleet_revisits(client: Client, keyspace: Keyspace, now: float) -> RevisitsView | None:
+    """The pages the fleet keeps for revisits, as of ``now`` (None: none kept).
+
+    Every partition's states, streamed (:meth:`RevisitStates.iter_states
+    <scrapy_banker.redis.frontier.revisit_states.RevisitStates.iter_states>`)
+    into the JOBDIR view's sums (:class:`~scrapy_banker.ops.revisits_view.RevisitTally`);
+    a state that does not read counts as ``malformed``.
+    """
+    tally = RevisitTally(now)
+    for _, _, text in revisit_states(client, keyspace).iter_states(range(keyspace.partitions)):
+        try:
+            state = parse_state(text)
+        except ValueError:
+            tally.malformed += 1
+            continue
+        tally.add(state)
+    return tally.view()
 
 
 def read_telemetry(client: Client, keyspace: Keyspace, nodes: Iterable[str]) -> dict[str, Sample]:
@@ -393,12 +429,16 @@ def read_fleet(
     *,
     node_timeout_s: float = 30.0,
     placement_mode: str | None = None,
+    revisits: bool = False,
 ) -> FleetView:
     """The fleet now: nodes, table, totals, topics, placement, reaper.
 
     ``node_timeout_s`` is ``BANKER_REDIS_NODE_TIMEOUT`` (what makes a node
     live); ``placement_mode`` is ``BANKER_PLACEMENT`` if the caller knows it.
-    A few dozen round trips for 1,024 partitions; writes nothing.
+    A few dozen round trips for 1,024 partitions; writes nothing.  With
+    ``revisits`` the pages kept for revisits are read too
+    (:func:`read_fleet_revisits`, on the server's clock): every state, so
+    ``scrapy banker status`` asks for them and the dashboard's refreshes do not.
     """
     registry = node_registry(client, keyspace, node_timeout_s)
     counts = count_partitions(client, keyspace)
@@ -496,4 +536,5 @@ def read_fleet(
             expired_leases=sum(counts.expired),
         ),
         over_budget=sum(counts.over),
+        revisits=read_fleet_revisits(client, keyspace, now_ms / 1000) if revisits else None,
     )

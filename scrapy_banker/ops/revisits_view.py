@@ -1,12 +1,16 @@
-"""The operator's view of a JOBDIR's revisits (``scrapy banker status`` / ``explain --jobdir``).
+"""The operator's view of a crawl's revisits (``scrapy banker status`` / ``explain``).
 
-A crawl with :setting:`BANKER_RECRAWL` and ``JOBDIR`` keeps every page's
-revisit state in ``JOBDIR/banker/revisits.jsonl``
-(:mod:`scrapy_banker.scheduler.revisit_log`).  This module reads it -- never
-writes, never rebuilds a request -- into what an operator asks: how many
-pages are tracked, how many are due now and how late, when the next one is
-due, what the fetches found, and how fresh the copies are estimated to be
-(each page's estimated change rate at its current interval,
+A crawl with :setting:`BANKER_RECRAWL` keeps every page's revisit state: with
+``JOBDIR``, in ``JOBDIR/banker/revisits.jsonl``
+(:mod:`scrapy_banker.scheduler.revisit_log`, read by :func:`read_revisits`);
+on a fleet, in the pages' partitions in Redis
+(:mod:`scrapy_banker.redis.frontier.revisit_states`, read by
+:func:`scrapy_banker.ops.fleet_view.read_fleet_revisits`).  Both are summed
+up here, by :func:`summarise` (a :class:`RevisitTally` fed one state at a
+time), never writing, never rebuilding a request, into what an operator
+asks: how many pages are tracked, how many are due now and how late, when
+the next one is due, what the fetches found, and how fresh the copies are
+estimated to be (each page's estimated change rate at its current interval,
 :func:`~scrapy_banker.core.change_rate.freshness`; a page that has shown no
 change counts as fresh).  :func:`describe` says one page's state in words:
 "due in 3 h 12 min, unchanged 4 times".
@@ -14,21 +18,30 @@ change counts as fresh).  :func:`describe` says one page's state in words:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy_banker.core.change_rate import freshness
-from scrapy_banker.scheduler.revisit_log import read_states
+from scrapy_banker.core.recrawl import UrlState
 
 if TYPE_CHECKING:
-    from scrapy_banker.core.recrawl import UrlState
+    from collections.abc import Iterable
 
-__all__ = ["RevisitsView", "describe", "duration", "read_revisits"]
+__all__ = [
+    "RevisitTally",
+    "RevisitsView",
+    "describe",
+    "duration",
+    "parse_state",
+    "read_revisits",
+    "summarise",
+]
 
 
 @dataclass(frozen=True)
 class RevisitsView:
-    """The revisits a JOBDIR keeps, as of ``now``."""
+    """The revisits a crawl keeps (a JOBDIR's or a fleet's), as of ``now``."""
 
     pages: int
     #: Pages due at ``now``, and how late the latest of them is (s).
@@ -41,7 +54,7 @@ class RevisitsView:
     failures: int
     #: Estimated share of pages whose copy is current (None: no page).
     freshness: float | None
-    #: Lines of the file that did not read.
+    #: States that did not read (a JOBDIR: lines of its file).
     malformed: int
 
     def to_json(self) -> dict[str, Any]:
@@ -61,25 +74,80 @@ class RevisitsView:
         )
 
 
+@dataclass
+class RevisitTally:
+    """Running sums over pages' states as of ``now``: a :class:`RevisitsView` when done.
+
+    Fed one state at a time (:meth:`add`), so a fleet's states are summed as
+    they stream out of Redis, never all held at once.
+    """
+
+    now: float
+    malformed: int = 0
+    pages: int = 0
+    due_now: int = 0
+    most_overdue_s: float | None = None
+    next_due_s: float | None = None
+    changes: int = 0
+    unchanged: int = 0
+    failures: int = 0
+    fresh: float = 0.0
+
+    def add(self, state: UrlState) -> None:
+        self.pages += 1
+        if state.due <= self.now:
+            self.due_now += 1
+            late = self.now - state.due
+            if self.most_overdue_s is None or late > self.most_overdue_s:
+                self.most_overdue_s = late
+        else:
+            ahead = state.due - self.now
+            if self.next_due_s is None or ahead < self.next_due_s:
+                self.next_due_s = ahead
+        self.changes += state.changes
+        self.unchanged += state.unchanged
+        self.failures += state.failures
+        self.fresh += _fresh(state)
+
+    def view(self) -> RevisitsView | None:
+        """What was added (None: no state, readable or not)."""
+        if not self.pages and not self.malformed:
+            return None
+        return RevisitsView(
+            pages=self.pages,
+            due_now=self.due_now,
+            most_overdue_s=self.most_overdue_s,
+            next_due_s=self.next_due_s,
+            changes=self.changes,
+            unchanged=self.unchanged,
+            failures=self.failures,
+            freshness=(self.fresh / self.pages) if self.pages else None,
+            malformed=self.malformed,
+        )
+
+
+def summarise(states: Iterable[UrlState], malformed: int, now: float) -> RevisitsView | None:
+    """The view of ``states`` (and ``malformed`` ones that did not read) as of ``now``
+    (None: neither)."""
+    tally = RevisitTally(now, malformed=malformed)
+    for state in states:
+        tally.add(state)
+    return tally.view()
+
+
 def read_revisits(jobdir: str, now: float) -> RevisitsView | None:
     """The revisits ``jobdir`` keeps (None: it keeps none, or has no revisits file)."""
+    # Imported here: the file's reader pulls in Scrapy, which a fleet's view does not need.
+    from scrapy_banker.scheduler.revisit_log import read_states
+
     states, malformed = read_states(jobdir)
-    if not states and not malformed:
-        return None
-    dues = [s.due for s in states.values()]
-    late = [now - d for d in dues if d <= now]
-    ahead = [d - now for d in dues if d > now]
-    return RevisitsView(
-        pages=len(states),
-        due_now=len(late),
-        most_overdue_s=max(late) if late else None,
-        next_due_s=min(ahead) if ahead else None,
-        changes=sum(s.changes for s in states.values()),
-        unchanged=sum(s.unchanged for s in states.values()),
-        failures=sum(s.failures for s in states.values()),
-        freshness=(sum(_fresh(s) for s in states.values()) / len(states)) if states else None,
-        malformed=malformed,
-    )
+    return summarise(states.values(), malformed, now)
+
+
+def parse_state(text: str) -> UrlState:
+    """A state as a fleet keeps it (``UrlState.to_json()`` as JSON text); ``ValueError``
+    if it does not read."""
+    return UrlState.from_json(json.loads(text))
 
 
 def _fresh(state: UrlState) -> float:

@@ -51,6 +51,8 @@ from scrapy_banker.scheduler.jobdir import append_dead_letter
 from scrapy_banker.scheduler.serialize import MalformedPayload, UnserializableRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from scrapy import Request, Spider
     from scrapy.statscollectors import StatsCollector
 
@@ -101,22 +103,17 @@ class RevisitLog:
         states: dict[str, tuple[int, dict[str, Any]]] = {}
         payloads: dict[str, tuple[int, str]] = {}
         lines = 0
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    lines += 1
-                    if not line.endswith("\n"):  # cut short by a kill: never acknowledged
-                        break
-                    try:
-                        url, state, payload = _parse(line)
-                    except ValueError as exc:
-                        self._malformed(lineno, str(exc), line)
-                        continue
-                    states[url] = (lineno, state)
-                    if payload is not None:
-                        payloads[url] = (lineno, payload)
-        except FileNotFoundError:
-            pass
+        for line in _lines(self.path):
+            lines += 1
+            if line.cut:  # cut short by a kill: never acknowledged (the rewrite drops it)
+                break
+            if line.entry is None:
+                self._malformed(line.number, line.error, line.text)
+                continue
+            url, state, payload = line.entry
+            states[url] = (line.number, state)
+            if payload is not None:
+                payloads[url] = (line.number, payload)
         out: dict[str, Revisited] = {}
         for url, (lineno, raw) in states.items():
             lineno, payload = payloads.get(url, (lineno, ""))
@@ -220,20 +217,44 @@ def read_states(jobdir: str) -> tuple[dict[str, UrlState], int]:
     read (an operator's view: nothing is written, no request is rebuilt)."""
     states: dict[str, UrlState] = {}
     malformed = 0
-    try:
-        with open(os.path.join(jobdir, "banker", FILE), encoding="utf-8") as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    break
-                try:
-                    url, raw, _ = _parse(line)
-                except ValueError:
-                    malformed += 1
-                    continue
-                states[url] = UrlState.from_json(raw)
-    except FileNotFoundError:
-        pass
+    for line in _lines(os.path.join(jobdir, "banker", FILE)):
+        if line.cut:
+            break
+        if line.entry is None:
+            malformed += 1
+            continue
+        url, raw, _ = line.entry
+        states[url] = UrlState.from_json(raw)
     return states, malformed
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One line of the revisits file: what it says, or why it does not read."""
+
+    number: int
+    text: str
+    #: ``(url, state JSON, request payload or None)``; None when it does not read.
+    entry: tuple[str, dict[str, Any], str | None] | None
+    error: str = ""
+    #: The last line, cut short by a kill: never acknowledged, so never read.
+    cut: bool = False
+
+
+def _lines(path: str) -> Iterator[_Line]:
+    """Every line of the file at ``path`` (none if it is absent), parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, text in enumerate(f, 1):
+                if not text.endswith("\n"):
+                    yield _Line(number, text, None, "cut short", cut=True)
+                    return
+                try:
+                    yield _Line(number, text, _parse(text))
+                except ValueError as exc:
+                    yield _Line(number, text, None, str(exc))
+    except FileNotFoundError:
+        return
 
 
 def _parse(line: str) -> tuple[str, dict[str, Any], str | None]:

@@ -373,9 +373,10 @@ class RecrawlMiddleware:
             new_signature = None if not_modified else content_signature(response.body,
                                                                         self.signature)  # fmt: skip
             outcome = outcome_of(state.signature, new_signature, not_modified=not_modified)
-            self.trust.check_fetch(_host(url), state, outcome)
+            host = _host(url)
+            self.trust.check_fetch(host, state, outcome)
             state = policy.observe(
-                state, now, outcome, signature=new_signature, mu=self.mu.get(_host(url)),
+                state, now, outcome, signature=new_signature, mu=self.mu.get(host),
                 etag=_header(response, b"ETag"), last_modified=_header(response, b"Last-Modified"),
             )  # fmt: skip
             self._record(url, request, state, outcome)

@@ -126,11 +126,11 @@ def _explain_fleet(
             config=config,
             node_timeout_s=rconfig.node_timeout,
         )
-    if found.state == "unknown":
+    if found.state == "unknown" and not found.revisit_kept:
         raise CommandError(
             f"{request.url} is not in this crawl: fingerprint {fingerprint} was never queued "
-            f"under prefix {keyspace.prefix!r} (it would go to partition {found.partition}, "
-            f"owner {found.owner or 'none'})"
+            f"under prefix {keyspace.prefix!r} and no revisit state is kept for it (it would "
+            f"go to partition {found.partition}, owner {found.owner or 'none'})"
         )
     return found.to_json()
 

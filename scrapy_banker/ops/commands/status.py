@@ -8,8 +8,11 @@ budgets in ``JOBDIR/banker/control.json`` over the settings').  A fleet: what
 Redis holds (nodes with heartbeat age, owned partitions, in flight and
 capacity; the partition table; queued / leased / dead-lettered totals; the
 reaper; placement mode and latest plan; topic counters from the nodes'
-telemetry).  A Rich table on a terminal, plain text in a pipe, one JSON
-document with ``--json`` (schema in ``docs/ops/commands.rst``).  Reads only.
+telemetry).  Either way, a crawl that keeps pages for revisits
+(``BANKER_RECRAWL``) adds a line about them
+(:mod:`scrapy_banker.ops.revisits_view`).  A Rich table on a terminal, plain
+text in a pipe, one JSON document with ``--json`` (schema in
+``docs/ops/commands.rst``).  Reads only.
 """
 
 from __future__ import annotations
@@ -83,8 +86,9 @@ def run(opts: argparse.Namespace, settings: BaseSettings) -> int:
     client, keyspace = connect(settings, opts)
     with redis_errors(settings):
         fleet = read_fleet(
-            client, keyspace, node_timeout_s=config.node_timeout, placement_mode=mode
-        )
+            client, keyspace, node_timeout_s=config.node_timeout, placement_mode=mode,
+            revisits=True,
+        )  # fmt: skip
     if not fleet.exists:
         raise CommandError(
             f"no crawl under prefix {keyspace.prefix!r} at {safe_url(settings)} "
@@ -128,6 +132,8 @@ def _print_fleet(fleet: FleetView) -> None:
     elif reaper.running_on:
         running = f"; its lock is still held by {reaper.running_on} (not live: it expires)"
     out.print(f"Reaper: {reaper.expired_leases} expired leases waiting{running}")
+    if fleet.revisits is not None:
+        out.print(fleet.revisits.summary(), markup=False, soft_wrap=True)
     nodes = Table(title="Nodes")
     for name in ("node", "live", "heartbeat", "capacity", "partitions", "queued", "leased",
                  "dead", "in flight", "pages"):  # fmt: skip

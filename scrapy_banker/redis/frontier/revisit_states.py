@@ -21,6 +21,9 @@ longer of a hold (the lease TTL) and its interval, so a revisit lost with
 its worker comes due again -- a lease by postponement.  A state or a request
 that does not read is moved to the partition's dead letters with the reason
 (``lua/revisit_dead.lua``).
+
+The operator's commands read the states back (:meth:`RevisitStates.read`,
+:meth:`RevisitStates.iter_states`): plain reads, never in a crawl.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ from scrapy_banker.redis.keys import decode
 from scrapy_banker.redis.scripts import Refusal, ScriptCall
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Iterator, Mapping
 
     from scrapy_banker.core.ops import RevisitWrite
     from scrapy_banker.redis.frontier.link import FrontierLink
 
 __all__ = ["DueRevisit", "RevisitPop", "RevisitStates"]
+
+#: Partitions whose states one round trip of :meth:`RevisitStates.iter_states` reads.
+STATES_CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +140,27 @@ class RevisitStates:
         if state is None:
             return None
         return decode(state, lossy=True), float(due) if due is not None else 0.0
+
+    def iter_states(
+        self, partitions: Iterable[int], chunk: int = STATES_CHUNK
+    ) -> Iterator[tuple[int, str, str]]:
+        """Every page kept in ``partitions``: (partition, URL, state JSON), as it comes.
+
+        One ``HGETALL`` of each partition's states, ``chunk`` partitions per
+        pipelined round trip; nothing is held beyond one chunk's answers.  Not
+        atomic across partitions (a page may move with its state while read),
+        which is fine for an operator's view.
+        """
+        order = list(partitions)
+        size = max(1, chunk)
+        for start in range(0, len(order), size):
+            part = order[start : start + size]
+            pipe = self.link.client.pipeline(transaction=False)
+            for p in part:
+                pipe.hgetall(self.link.keys(p).revisits)
+            for p, kept in zip(part, pipe.execute(), strict=True):
+                for url, state in kept.items():
+                    yield p, decode(url, lossy=True), decode(state, lossy=True)
 
     def counts(self, partitions: list[int], now: float) -> tuple[int, int]:
         """(pages kept, pages due by ``now``) over ``partitions`` (one round trip)."""

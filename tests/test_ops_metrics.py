@@ -5,7 +5,9 @@ HTTP from this process while it runs and once more while the finished crawl
 is held open (its spider refuses to close until the test says so), so the
 last scrape can be compared with the crawl's final stats exactly.  Then a
 fleet of two real workers on a real redis-server: each live node's telemetry
-key holds its latest sample, and its metrics show its leases.
+key holds its latest sample, and its metrics show its leases.  And a crawl
+with revisits (``BANKER_RECRAWL``) on a farm whose pages change, whose
+metrics show the pages it keeps and the revisits it sends.
 """
 
 from __future__ import annotations
@@ -28,9 +30,18 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.test import get_crawler
 
 from scrapy_banker.core.directives import Action, ControlState, HostControl
+from scrapy_banker.core.recrawl import UrlState
 from scrapy_banker.core.telemetry import Sample, SlotSample, TopicSample, sample_from_dict
 from scrapy_banker.ops.metric_families import families
-from scrapy_banker.ops.metrics import BankerMetrics, ControlReading, Snapshot, read_control
+from scrapy_banker.ops.metrics import (
+    REVISIT_OUTCOME_STATS,
+    BankerMetrics,
+    ControlReading,
+    RevisitReading,
+    Snapshot,
+    read_control,
+    read_revisits_metrics,
+)
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.frontier.control_channel import ControlChannel
 from scrapy_banker.redis.keys import Keyspace
@@ -508,3 +519,156 @@ def test_fleet_nodes_serve_the_directives_they_follow_and_the_crawl_budget(
         for name in names for s in scrapes[name]
         if crawl in s.get("banker_budget_charged_pages", {})
     ) > 0  # fmt: skip
+
+
+# -- revisits (BANKER_RECRAWL) ------------------------------------------------------------
+
+#: A crawl of a farm whose pages change (3 hosts, 30 pages; as tests/test_revisits.py's),
+#: with revisits every second or so, open until CLOSESPIDER_TIMEOUT.
+REVISIT_CRAWL = """
+import json, sys
+from scrapy.crawler import CrawlerProcess
+from scrapy_banker.testing.fleet import FleetSpider
+from scrapy_banker.testing.resolver import farm_settings
+
+settings, seeds = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+process = CrawlerProcess({**farm_settings(), **settings})
+process.crawl(FleetSpider, seeds=seeds)
+process.start()
+"""
+REVISIT_FARM = FarmConfig(
+    seed=6, hosts=3, total_pages=30, latency_ms=10.0,
+    page_changes={"rate_min": 0.2, "rate_max": 2.0, "static_share": 0.4},
+)  # fmt: skip
+REVISIT_FAMILIES = (
+    "banker_revisit_pages", "banker_revisit_due", "banker_revisit_overdue_seconds",
+    "banker_revisit_freshness", "banker_revisits_total", "banker_revisit_outcomes_total",
+)  # fmt: skip
+
+
+def test_revisit_families_follow_the_reading_and_are_absent_without_revisits() -> None:
+    sample = Sample(t=10.0, node="solo", pages=7, queued=3, inflight=2)
+    reading = RevisitReading(
+        pages=30, due=4, overdue_s=2.5, freshness=0.75, revisits=12,
+        outcomes={"changed": 35, "unchanged": 6, "failed": 1, "not_modified": 5, "superseded": 0},
+    )  # fmt: skip
+    lines = _lines(Snapshot(sample, {}, {}, None, reading))
+    assert {
+        "banker_revisit_pages [] 30",
+        "banker_revisit_due [] 4",
+        "banker_revisit_overdue_seconds [] 2.5",
+        "banker_revisit_freshness [] 0.75",
+        "banker_revisits_total [] 12",
+        "banker_revisit_outcomes_total [('outcome', 'changed')] 35",
+        "banker_revisit_outcomes_total [('outcome', 'not_modified')] 5",
+        "banker_revisit_outcomes_total [('outcome', 'superseded')] 0",
+    } <= lines
+    # No page kept yet: no freshness series, nothing overdue.
+    empty = RevisitReading(0, 0, 0.0, None, 0, dict.fromkeys(REVISIT_OUTCOME_STATS, 0))
+    lines = _lines(Snapshot(sample, {}, {}, None, empty))
+    assert "banker_revisit_pages [] 0" in lines
+    assert "banker_revisit_overdue_seconds [] 0.0" in lines
+    assert not any(line.startswith("banker_revisit_freshness") for line in lines)
+    # Revisits off: no revisit family at all, not even an empty one.
+    names = {family.name for family in families(Snapshot(sample, {}, {}))}
+    assert not any("revisit" in name for name in names), names
+
+
+def test_read_revisits_metrics_sums_up_the_middlewares_pages_and_stats() -> None:
+    from scrapy import Spider
+
+    from scrapy_banker.middlewares import RecrawlMiddleware
+
+    # Revisits off: no reading.
+    off = get_crawler(settings_dict={})
+    assert off.stats is not None
+    assert read_revisits_metrics(off, off.stats, 100.0) is None
+
+    crawler = get_crawler(Spider, {"BANKER_RECRAWL": True})
+    assert crawler.stats is not None
+    mw = RecrawlMiddleware.from_crawler(crawler)
+    reading = read_revisits_metrics(crawler, crawler.stats, 100.0)
+    assert reading == RevisitReading(0, 0, 0.0, None, 0, dict.fromkeys(REVISIT_OUTCOME_STATS, 0))
+
+    mw.states["https://a.test/1"] = UrlState(due=90.0, interval=10.0, changes=1)
+    mw.states["https://a.test/2"] = UrlState(due=97.0, interval=10.0, changes=1, unchanged=2)
+    mw.states["https://a.test/3"] = UrlState(due=130.0, interval=30.0, changes=1)
+    crawler.stats.set_value("banker/recrawl/revisits", 9)
+    crawler.stats.set_value("banker/recrawl/not_modified", 2)
+    reading = read_revisits_metrics(crawler, crawler.stats, 100.0)
+    assert reading is not None
+    assert (reading.pages, reading.due, reading.overdue_s) == (3, 2, 10.0)
+    assert reading.freshness == 1.0  # no page has shown a change since its first fetch
+    assert reading.revisits == 9
+    assert reading.outcomes == {**dict.fromkeys(REVISIT_OUTCOME_STATS, 0), "not_modified": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_crawl_with_revisits_serves_its_pages_and_revisits(tmp_path: Path) -> None:
+    log, stats_file = tmp_path / "crawl.log", tmp_path / "stats.json"
+    with WebFarm(REVISIT_FARM) as farm:
+        settings = {
+            "ADDONS": {"scrapy_banker.Addon": 500},
+            "BANKER_METRICS_PORT": 0,
+            "BANKER_TIMESERIES_INTERVAL": INTERVAL,
+            "BANKER_STATS_FILE": str(stats_file),
+            "BANKER_RECRAWL": True,
+            "BANKER_RECRAWL_INTERVAL": 1.0,
+            "BANKER_RECRAWL_MIN_INTERVAL": 0.5,
+            "BANKER_RECRAWL_MAX_INTERVAL": 4.0,
+            "BANKER_RECRAWL_STAY_OPEN": True,
+            "CLOSESPIDER_TIMEOUT": 5,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST,
+            "ROBOTSTXT_OBEY": False,
+            "LOG_FILE": str(log),
+            "LOG_LEVEL": "INFO",
+            "TELNETCONSOLE_ENABLED": False,
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-c", REVISIT_CRAWL, json.dumps(settings),
+             json.dumps(farm.start_urls())],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            url = _metrics_url(log, proc)
+            scrapes = []
+            while proc.poll() is None:
+                try:
+                    scrapes.append(_scrape(url))
+                except OSError:
+                    break  # closing: its server just stopped
+                time.sleep(INTERVAL)
+            code = proc.wait(timeout=60)
+            assert code == 0, proc.stderr.read().decode()[-3000:] if proc.stderr else code
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        expected = len(farm.model.expected_urls(farm.port))
+    stats = json.loads(stats_file.read_text("utf-8"))
+    assert stats["finish_reason"] == "closespider_timeout"
+    seen = [s for s in scrapes if "banker_revisit_pages" in s]
+    assert len(seen) >= 5, f"too few scrapes with revisits: {len(seen)} of {len(scrapes)}"
+    for scrape in seen:
+        assert set(REVISIT_FAMILIES) - {"banker_revisit_freshness"} <= set(scrape)
+        assert set(_by(scrape["banker_revisit_outcomes_total"], "outcome")) == set(
+            REVISIT_OUTCOME_STATS
+        )
+        pages = scrape["banker_revisit_pages"][()]
+        assert 0 <= scrape["banker_revisit_due"][()] <= pages <= expected
+        assert scrape["banker_revisit_overdue_seconds"][()] >= 0
+        if pages:
+            assert 0.0 <= scrape["banker_revisit_freshness"][()] <= 1.0
+    last = seen[-1]
+    assert last["banker_revisit_pages"][()] == expected  # every page fetched is kept
+    # Revisits went out and came back, counted as the stats count them (never past them).
+    sent = [s["banker_revisits_total"][()] for s in seen]
+    assert sent == sorted(sent) and 0 < sent[-1] <= stats["banker/recrawl/revisits"]
+    outcomes = _by(last["banker_revisit_outcomes_total"], "outcome")
+    assert outcomes["changed"] >= expected  # every first fetch counts as a change
+    assert outcomes["not_modified"] > 0  # unchanged pages answered 304
+    for outcome, key in REVISIT_OUTCOME_STATS.items():
+        assert outcomes[outcome] <= stats.get(key, 0), outcome
+    # A static page is fresh; a changing one is not always: somewhere in between.
+    assert 0.0 < last["banker_revisit_freshness"][()] <= 1.0

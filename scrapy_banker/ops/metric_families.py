@@ -26,7 +26,7 @@ from scrapy_banker.ops.metrics import CONTROL_STATS
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from scrapy_banker.ops.metrics import ControlReading, Snapshot
+    from scrapy_banker.ops.metrics import ControlReading, RevisitReading, Snapshot
 
 __all__ = ["NAMESPACE", "SampleCollector", "families"]
 
@@ -160,6 +160,9 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     if snap.control is not None:
         yield from _control_families(snap.control)
 
+    if snap.revisits is not None:
+        yield from _revisit_families(snap.revisits)
+
     if s.fleet is not None:
         f = s.fleet
         for name, doc, value in (
@@ -208,3 +211,38 @@ def _control_families(c: ControlReading) -> Iterator[Metric]:
         counter = CounterMetricFamily(_name(key), CONTROL_STATS[key][1])
         counter.add_metric([], n)
         yield counter
+
+
+def _revisit_families(r: RevisitReading) -> Iterator[Metric]:
+    """Revisits (BANKER_RECRAWL): the pages this node keeps, what is due, the fetches' outcomes."""
+    for name, doc, value in (
+        (_name("revisit_pages"),
+         "Pages whose revisits this node keeps (a fleet worker: the pages it fetched).", r.pages),
+        (_name("revisit_due"), "Kept pages due for a revisit now.", r.due),
+        (_name("revisit_overdue_seconds"), "How late the latest due page is (0: none due).",
+         r.overdue_s),
+    ):  # fmt: skip
+        g = GaugeMetricFamily(name, doc)
+        g.add_metric([], value)
+        yield g
+    fresh = GaugeMetricFamily(
+        _name("revisit_freshness"),
+        "Estimated share of the kept pages whose copy is current (no series: no page yet).",
+    )
+    if r.freshness is not None:
+        fresh.add_metric([], r.freshness)
+    yield fresh
+    sent = CounterMetricFamily(
+        _name("revisits"), "Revisits sent to the scheduler as their pages came due."
+    )
+    sent.add_metric([], r.revisits)
+    yield sent
+    outcomes = CounterMetricFamily(
+        _name("revisit_outcomes"),
+        "Fetches of kept pages by what they found (a first fetch counts as changed; "
+        "not_modified: the 304s among unchanged; superseded: revisits dropped unfetched).",
+        labels=["outcome"],
+    )
+    for outcome, n in r.outcomes.items():
+        outcomes.add_metric([outcome], n)
+    yield outcomes

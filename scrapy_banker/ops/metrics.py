@@ -20,7 +20,11 @@ default) and stops when the spider closes.
 Run-time control (issue #27) is read with the sample, on the reactor thread:
 the directives the scheduler follows and the budgets in force
 (:func:`read_control`), so a scrape says which hosts this node holds paused
-and how much of the crawl's budget is spent.
+and how much of the crawl's budget is spent.  So are revisits
+(:setting:`BANKER_RECRAWL`, :func:`read_revisits_metrics`): the pages whose
+revisit state the crawl's revisit middleware keeps, summed up as ``scrapy
+banker status`` sums them (:func:`~scrapy_banker.ops.revisits_view.summarise`,
+one pass over the pages per sample), and the revisits' stats counters.
 
 The metric families themselves are built in
 :mod:`scrapy_banker.ops.metric_families`, which :class:`BankerMetrics`
@@ -39,7 +43,9 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import NotConfigured
 
 from scrapy_banker.core.directives import CRAWL
+from scrapy_banker.ops.revisits_view import summarise
 from scrapy_banker.ops.timeseries import SamplingExtension
+from scrapy_banker.scheduler.revisits import running_recrawl
 from scrapy_banker.settings import ops_config
 
 if TYPE_CHECKING:
@@ -57,11 +63,15 @@ __all__ = [
     "CONTROL_STATS",
     "DEAD_LETTER_STATS",
     "DEFERRED_REASONS",
+    "REVISIT_OUTCOME_STATS",
+    "REVISIT_SENT_STAT",
     "BankerMetrics",
     "ControlReading",
+    "RevisitReading",
     "Snapshot",
     "read_control",
     "read_counters",
+    "read_revisits_metrics",
 ]
 
 #: ``banker_dead_letters_total`` reason -> the stats counters that count it.
@@ -88,6 +98,17 @@ CONTROL_STATS: Mapping[str, tuple[str, str]] = {
     ),
 }
 
+#: ``banker_revisits_total``: revisits sent as their pages came due.
+REVISIT_SENT_STAT = "banker/recrawl/revisits"
+#: ``banker_revisit_outcomes_total`` outcome -> the stats counter that counts it.
+REVISIT_OUTCOME_STATS: Mapping[str, str] = {
+    "changed": "banker/recrawl/changed",
+    "unchanged": "banker/recrawl/unchanged",
+    "failed": "banker/recrawl/failed",
+    "not_modified": "banker/recrawl/not_modified",
+    "superseded": "banker/recrawl/superseded",
+}
+
 
 @dataclass(frozen=True)
 class ControlReading:
@@ -109,6 +130,23 @@ class ControlReading:
 
 
 @dataclass(frozen=True)
+class RevisitReading:
+    """The revisits a node keeps, read with a sample on the reactor thread."""
+
+    #: Pages whose revisit state the node keeps (a fleet worker: the pages it fetched).
+    pages: int
+    #: Pages due now, and how late the latest of them is (s; 0: none due).
+    due: int
+    overdue_s: float
+    #: Estimated share of the pages whose copy is current (None: no page yet).
+    freshness: float | None
+    #: Revisits sent as their pages came due (:data:`REVISIT_SENT_STAT`).
+    revisits: int
+    #: :data:`REVISIT_OUTCOME_STATS` counters, outcome -> count.
+    outcomes: dict[str, int]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What one scrape shows: a sample and the counters read with it, on the reactor."""
 
@@ -117,6 +155,8 @@ class Snapshot:
     deferred: dict[str, int]
     #: None: the scheduler follows no control (a scheduler without a control gate).
     control: ControlReading | None = None
+    #: None: revisits are off (no :setting:`BANKER_RECRAWL`).
+    revisits: RevisitReading | None = None
 
 
 def read_counters(stats: StatsCollector) -> tuple[dict[str, int], dict[str, int]]:
@@ -185,6 +225,34 @@ def read_control(
     )
 
 
+def read_revisits_metrics(
+    crawler: Crawler, stats: StatsCollector, now: float
+) -> RevisitReading | None:
+    """The revisits the crawl's revisit middleware keeps, as of ``now`` (wall clock), or
+    None (revisits are off).
+
+    Reactor thread only: the middleware's ``states`` change under any other.
+    One pass over them (:func:`~scrapy_banker.ops.revisits_view.summarise`,
+    the figures ``scrapy banker status`` gives), once per sample.
+    """
+    middleware = running_recrawl(crawler)
+    if middleware is None:
+        return None
+    view = summarise(middleware.states.values(), 0, now)
+
+    def get(key: str) -> int:
+        return int(stats.get_value(key, 0) or 0)
+
+    return RevisitReading(
+        pages=0 if view is None else view.pages,
+        due=0 if view is None else view.due_now,
+        overdue_s=(view.most_overdue_s if view is not None else None) or 0.0,
+        freshness=None if view is None else view.freshness,
+        revisits=get(REVISIT_SENT_STAT),
+        outcomes={outcome: get(key) for outcome, key in REVISIT_OUTCOME_STATS.items()},
+    )
+
+
 class BankerMetrics(SamplingExtension):
     """Serves ``/metrics`` from the latest sample; off unless ``BANKER_METRICS_PORT`` is set."""
 
@@ -237,7 +305,8 @@ class BankerMetrics(SamplingExtension):
     def on_sample(self, sample: Sample) -> None:
         dead, deferred = read_counters(self.stats)
         control = read_control(self.scheduler, self.stats)
-        self.snapshot = Snapshot(sample, dead, deferred, control)
+        revisits = read_revisits_metrics(self.crawler, self.stats, sample.t)
+        self.snapshot = Snapshot(sample, dead, deferred, control, revisits)
 
     def on_close(self, sample: Sample | None) -> None:
         if sample is not None:

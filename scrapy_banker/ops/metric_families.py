@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from scrapy_banker.ops.metrics import CONTROL_STATS
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
     from scrapy_banker.ops.metrics import ControlReading, RevisitReading, Snapshot
 
@@ -90,17 +90,14 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         slice_s.add_metric([name], t.slice_s)
     yield from (pages, depth, topic_inflight, slice_s)
 
-    for name, doc, value in (
+    yield from _gauges((
         (
             _name("queued"),
             "Requests waiting in the scheduler (all topics, parked, leased).",
             s.queued,
         ),
         (_name("inflight"), "Requests in the downloader.", s.inflight),
-    ):
-        g = GaugeMetricFamily(name, doc)
-        g.add_metric([], value)
-        yield g
+    ))
 
     slot_inflight = GaugeMetricFamily(
         _name("slot_inflight"),
@@ -149,13 +146,10 @@ def families(snap: Snapshot) -> Iterator[Metric]:
             for resource, n in sorted(values.items()):
                 g.add_metric([resource], n)
             yield g
-        for name, doc, value in (
+        yield from _gauges((
             (_name("tasks"), "Tasks holding a grant or a claim.", b.tasks),
             (_name("admission_parked"), "Requests parked until a release.", b.parked),
-        ):
-            g = GaugeMetricFamily(name, doc)
-            g.add_metric([], value)
-            yield g
+        ))
 
     if snap.control is not None:
         yield from _control_families(snap.control)
@@ -165,32 +159,34 @@ def families(snap: Snapshot) -> Iterator[Metric]:
 
     if s.fleet is not None:
         f = s.fleet
-        for name, doc, value in (
+        yield from _gauges((
             (_name("leases_in_flight"), "Requests this node holds leases on.", f.leased),
             (_name("partitions_owned"), "Partitions this node owns.", f.partitions_owned),
             (_name("partitions_total"), "Partitions of the crawl.", f.partitions_total),
             (_name("redis_pending_ops"), "Queue operations not sent to Redis yet.", f.pending_ops),
             (_name("redis_connected"), "1 while Redis answers, 0 during an outage.",
              int(f.connected)),
-        ):  # fmt: skip
-            g = GaugeMetricFamily(name, doc)
-            g.add_metric([], value)
-            yield g
+        ))  # fmt: skip
+
+
+def _gauges(rows: Iterable[tuple[str, str, float]]) -> Iterator[Metric]:
+    """One unlabelled gauge per ``(name, help, value)``."""
+    for name, doc, value in rows:
+        g = GaugeMetricFamily(name, doc)
+        g.add_metric([], value)
+        yield g
 
 
 def _control_families(c: ControlReading) -> Iterator[Metric]:
     """Run-time control: what the node follows, the budgets in force and what is charged."""
-    for name, doc, value in (
+    yield from _gauges((
         (_name("control_version"),
          "Version of the operator's control document this node follows (0: none).", c.version),
         (_name("paused_hosts"), "Hosts paused by an operator (scrapy banker pause HOST).",
          c.paused_hosts),
         (_name("paused_topics"), "Topics paused by an operator (scrapy banker pause topic:NAME).",
          c.paused_topics),
-    ):  # fmt: skip
-        g = GaugeMetricFamily(name, doc)
-        g.add_metric([], value)
-        yield g
+    ))  # fmt: skip
     budget = GaugeMetricFamily(
         _name("budget_pages"),
         "Pages the crawl, a topic or a host may be fetched (budgets in force).",
@@ -215,16 +211,13 @@ def _control_families(c: ControlReading) -> Iterator[Metric]:
 
 def _revisit_families(r: RevisitReading) -> Iterator[Metric]:
     """Revisits (BANKER_RECRAWL): the pages this node keeps, what is due, the fetches' outcomes."""
-    for name, doc, value in (
+    yield from _gauges((
         (_name("revisit_pages"),
          "Pages whose revisits this node keeps (a fleet worker: the pages it fetched).", r.pages),
         (_name("revisit_due"), "Kept pages due for a revisit now.", r.due),
         (_name("revisit_overdue_seconds"), "How late the latest due page is (0: none due).",
          r.overdue_s),
-    ):  # fmt: skip
-        g = GaugeMetricFamily(name, doc)
-        g.add_metric([], value)
-        yield g
+    ))  # fmt: skip
     fresh = GaugeMetricFamily(
         _name("revisit_freshness"),
         "Estimated share of the kept pages whose copy is current (no series: no page yet).",

@@ -41,6 +41,11 @@ PROJECT = ROOT / "example_project"
 #: The PlanetLab RTT matrix the repository ships (``data/rtt/README.md``).
 PLANETLAB = ROOT / "data" / "rtt" / "planetlab-490-t1.tsv.gz"
 
+# The commands' output in a pipe must not depend on the terminal pytest runs in
+# (pytest-xdist's workers are given its width): a test that wants one sets it.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 
 # -- processes ---------------------------------------------------------------------
 

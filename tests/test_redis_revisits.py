@@ -13,6 +13,7 @@ from scrapy_banker.core.spill import SpillHeader, SpillOps, format_spill, merge,
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.frontier.registry import NodeRegistry
 from scrapy_banker.redis.worker import FrontierWorker
+from scrapy_banker.redis.worker.jobs import REVISIT_FULL_SCAN_S
 
 pytestmark = pytest.mark.slow  # a real redis-server
 
@@ -152,3 +153,37 @@ def test_merging_spills_keeps_each_pages_latest_state_and_its_request() -> None:
         RevisitWrite(1, "u", "new", 3.0, "req"),
     ]
     assert "2 revisit states" in merged.describe()
+
+
+def test_the_take_asks_the_partitions_known_to_hold_states_and_all_of_them_now_and_then(
+    frontier: RedisFrontier,
+) -> None:
+    frontier.set_owner(3, "node-a", 1)
+    worker = FrontierWorker(frontier, NodeRegistry(frontier.client, frontier), "node-a")
+    worker.state.ownership.owned = {1: 1, 2: 1, 3: 1}
+    popper = worker.revisits
+    popper.wall = lambda: NOW
+    due = NOW - 1
+
+    def urls(n: int) -> list[str]:
+        out = []
+        while worker.revisits_due:
+            out.append(worker.revisits_due.popleft().url)
+        assert len(out) == n, out
+        return sorted(out)
+
+    # Written by this node (a hint) and by another one (none): the first take asks all.
+    worker.save_revisit(RevisitWrite(1, "http://a/1", _state(due - 30), due, "{}"))
+    assert worker.flusher.run_once()
+    frontier.revisits.save_many([RevisitWrite(2, "http://b/1", _state(due - 30), due, "{}")])
+    assert popper.take(0.0) == 2 and urls(2) == ["http://a/1", "http://b/1"]
+    # Between full scans only the partitions known to hold states are asked: a page
+    # another worker wrote to partition 3 waits for the next full scan.
+    frontier.revisits.save_many([
+        RevisitWrite(1, "http://a/2", _state(due - 30), due, "{}"),
+        RevisitWrite(2, "http://b/2", _state(due - 30), due, "{}"),
+        RevisitWrite(3, "http://c/1", _state(due - 30), due, "{}"),
+    ])  # fmt: skip
+    assert popper.take(1.0) == 2 and urls(2) == ["http://a/2", "http://b/2"]
+    assert popper.take(REVISIT_FULL_SCAN_S) == 1 and urls(1) == ["http://c/1"]
+    assert popper.held == {1, 2, 3}

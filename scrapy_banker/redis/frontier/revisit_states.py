@@ -67,6 +67,8 @@ class RevisitPop:
     next_due: float | None = None
     #: Partitions the node no longer owns at the epoch it asked with.
     fenced: int = 0
+    #: Partitions that still hold revisit states after the pop.
+    held: set[int] = field(default_factory=set)
 
 
 class RevisitStates:
@@ -115,6 +117,7 @@ class RevisitStates:
                 ))  # fmt: skip
             text = decode(first)
             if text:
+                out.held.add(p)
                 left = float(text)
                 out.next_due = left if out.next_due is None else min(out.next_due, left)
         return out

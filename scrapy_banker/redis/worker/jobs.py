@@ -71,6 +71,7 @@ __all__ = [
     "FULL_SCAN_INTERVAL_S",
     "POP_CHUNK",
     "REAP_HOLD_FRACTION",
+    "REVISIT_FULL_SCAN_S",
     "REVISIT_POP_LIMIT",
     "REVISIT_POP_S",
     "STEAL_BACKOFF_MAX_S",
@@ -114,6 +115,9 @@ REAP_HOLD_FRACTION = 0.8
 REVISIT_POP_S = 0.5
 #: ... and the most pages one take hands out per partition.
 REVISIT_POP_LIMIT = 256
+#: Seconds between two takes that ask every owned partition, not only those known to
+#: hold revisit states (pages another worker wrote to a partition this node took over).
+REVISIT_FULL_SCAN_S = 5.0
 
 
 def refs(
@@ -180,6 +184,7 @@ class Flusher:
         counters.add("banker/redis/acked", done.acked)
         counters.add("banker/redis/nacked", done.nacked)
         counters.add("banker/redis/revisits_saved", done.revisits_saved)
+        state.hints.revisits.update(w.partition for w in batch.revisits.values())
         leases = state.leases
         for token, _ in batch.dead:
             leases.forget(token)
@@ -326,12 +331,18 @@ class RevisitPopper:
     """Takes the pages due for a revisit from the owned partitions (``BANKER_RECRAWL``).
 
     Off until the crawl's revisits turn it on (:attr:`enabled`); then every
-    :data:`REVISIT_POP_S` it runs ``revisit_pop.lua`` on every partition this
-    node owns, in one pipeline, and appends what was due to
-    :attr:`WorkerState.revisits_due <scrapy_banker.redis.worker.state.WorkerState.revisits_due>`
-    for the reactor thread, which queues the revisits like any request.
-    Each page handed out is due again after a hold (the lease TTL, or its
-    interval if longer), so one this node dies holding comes due again.
+    :data:`REVISIT_POP_S` it runs ``revisit_pop.lua``, in one pipeline, on
+    the owned partitions known to hold revisit states -- those a take found
+    some in, and those this node wrote states to
+    (:attr:`WorkHints.revisits <scrapy_banker.redis.worker.state.WorkHints.revisits>`)
+    -- and on every owned partition each :data:`REVISIT_FULL_SCAN_S` (pages
+    other workers wrote to a partition this node took over), so an idle
+    fleet does not run a script per partition twice a second.  What was due
+    goes to :attr:`WorkerState.revisits_due
+    <scrapy_banker.redis.worker.state.WorkerState.revisits_due>` for the
+    reactor thread, which queues the revisits like any request.  Each page
+    handed out is due again after a hold (the lease TTL, or its interval if
+    longer), so one this node dies holding comes due again.
     """
 
     def __init__(
@@ -345,16 +356,21 @@ class RevisitPopper:
         #: Set (once) by the reactor thread when the crawl revisits pages.
         self.enabled = False
         self.next_at = 0.0
+        #: When the next take asks every owned partition (the clock of :meth:`run_once`).
+        self.next_full_at = 0.0
+        #: Partitions the last takes found revisit states in.
+        self.held: set[int] = set()
 
     def run_once(self, now: float) -> bool:
         """Take the due pages when it is time; whether any were taken."""
         if not self.enabled or now < self.next_at:
             return False
         self.next_at = now + REVISIT_POP_S
-        return self.take() > 0
+        return self.take(now) > 0
 
-    def take(self) -> int:
-        """Take every owned partition's due pages now; how many."""
+    def take(self, now: float) -> int:
+        """Take the due pages of the owned partitions that may hold some (all of them at
+        the first take and each :data:`REVISIT_FULL_SCAN_S`); how many."""
         state = self.state
         dead = state.revisits_dead
         if dead:
@@ -367,10 +383,19 @@ class RevisitPopper:
                 dead.extendleft(reversed(letters))
                 raise
         owned = state.ownership.owned
+        written = state.hints.revisits
+        if now >= self.next_full_at:
+            asked = dict(owned)
+        else:
+            asked = {p: e for p, e in owned.items() if p in self.held or p in written}
         hold_s = self.link.frontier.lease_ttl_ms / 1000
         popped = self.link.frontier.revisits.pop_many(
-            self.link.node, owned, self.wall(), hold_s, REVISIT_POP_LIMIT
+            self.link.node, asked, self.wall(), hold_s, REVISIT_POP_LIMIT
         )
+        if now >= self.next_full_at:
+            self.next_full_at = now + REVISIT_FULL_SCAN_S
+        written.difference_update(asked)
+        self.held = (self.held - asked.keys()) | popped.held
         state.revisits_due.extend(popped.due)
         state.revisit_next_due = popped.next_due
         state.counters.add("banker/redis/revisits_due", len(popped.due))

@@ -289,6 +289,9 @@ class WorkHints:
         self.next_full_scan = 0.0
         #: Where the next full scan starts among the partitions without known work.
         self.cursor = 0
+        #: Partitions this node wrote pages' revisit states to since the revisits'
+        #: last take asked them (:class:`~scrapy_banker.redis.worker.jobs.RevisitPopper`).
+        self.revisits: set[int] = set()
 
     def scan_soon(self) -> None:
         """Work may be anywhere (requeued by the reaper): the next pop scans everything."""

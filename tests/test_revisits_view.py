@@ -14,7 +14,6 @@ from scrapy_banker.ops.revisits_view import (
     RevisitTally,
     describe,
     duration,
-    parse_state,
     read_revisits,
     summarise,
 )
@@ -75,7 +74,7 @@ def test_states_fed_one_at_a_time_sum_up_as_a_jobdir_file_does(tmp_path: Path) -
     tally = RevisitTally(NOW)
     for text in [json.dumps(s.to_json()) for s in states.values()] + ['{"due": "soon"}']:
         try:
-            tally.add(parse_state(text))
+            tally.add(UrlState.from_text(text))
         except ValueError:
             tally.malformed += 1
     assert tally.view() == from_file

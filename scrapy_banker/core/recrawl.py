@@ -42,6 +42,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -179,6 +180,18 @@ class UrlState:
             nested={"rate": RateEstimate.from_json},
         )  # fmt: skip
         return cls(**out)
+
+    def to_text(self) -> str:
+        """:meth:`to_json` as compact JSON text (how a fleet keeps it in Redis)."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+    @classmethod
+    def from_text(cls, text: str) -> UrlState:
+        """Read what :meth:`to_text` wrote; ``ValueError`` if it does not read."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"URL state: expected an object, got {type(data).__name__}")
+        return cls.from_json(data)
 
 
 _DEFAULT = UrlState()

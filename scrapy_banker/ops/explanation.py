@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scrapy_banker.core.recrawl import UrlState
 from scrapy_banker.ops.fleet_deadletters import parse_letter
 from scrapy_banker.ops.fleet_view import (
     SCHEMA_VERSION,
@@ -36,7 +37,7 @@ from scrapy_banker.ops.fleet_view import (
     server_time_ms,
 )
 from scrapy_banker.ops.payloads import PayloadInfo, describe_payload
-from scrapy_banker.ops.revisits_view import describe, parse_state
+from scrapy_banker.ops.revisits_view import describe
 from scrapy_banker.redis.frontier.enqueue import in_bloom
 from scrapy_banker.redis.keys import DELIVERIES, LEASE_EPOCH, decode
 from scrapy_banker.scheduler.serialize import RequestCodec
@@ -452,7 +453,7 @@ def explain_url(
     revisit = None
     if kept is not None:
         try:
-            revisit = describe(parse_state(kept[0]), now_ms / 1000)
+            revisit = describe(UrlState.from_text(kept[0]), now_ms / 1000)
         except ValueError as exc:
             notes.append(
                 f"its revisit state in partition {partition} does not read ({exc}): the "

@@ -33,8 +33,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scrapy_banker.core.recrawl import UrlState
 from scrapy_banker.core.telemetry import Sample, sample_from_dict
-from scrapy_banker.ops.revisits_view import RevisitsView, RevisitTally, parse_state
+from scrapy_banker.ops.revisits_view import RevisitsView, RevisitTally
 from scrapy_banker.redis.frontier import RedisFrontier
 from scrapy_banker.redis.frontier.link import FrontierLink
 from scrapy_banker.redis.frontier.registry import NodeRegistry
@@ -356,7 +357,7 @@ def read_fleet_revisits(client: Client, keyspace: Keyspace, now: float) -> Revis
     tally = RevisitTally(now)
     for _, _, text in revisit_states(client, keyspace).iter_states(range(keyspace.partitions)):
         try:
-            state = parse_state(text)
+            state = UrlState.from_text(text)
         except ValueError:
             tally.malformed += 1
             continue

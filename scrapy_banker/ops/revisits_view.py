@@ -18,7 +18,6 @@ change counts as fresh).  :func:`describe` says one page's state in words:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,6 @@ __all__ = [
     "RevisitsView",
     "describe",
     "duration",
-    "parse_state",
     "read_revisits",
     "summarise",
 ]
@@ -142,12 +140,6 @@ def read_revisits(jobdir: str, now: float) -> RevisitsView | None:
 
     states, malformed = read_states(jobdir)
     return summarise(states.values(), malformed, now)
-
-
-def parse_state(text: str) -> UrlState:
-    """A state as a fleet keeps it (``UrlState.to_json()`` as JSON text); ``ValueError``
-    if it does not read."""
-    return UrlState.from_json(json.loads(text))
 
 
 def _fresh(state: UrlState) -> float:

@@ -408,22 +408,16 @@ class RecrawlMiddleware:
 
         The request a revisit copies is the spider's own, not a revisit."""
         self.states[url] = state
-        shared = self.shared
-        if shared is not None:
-            # On a fleet the request is kept in Redis, with the state and due time.
-            kept = None
-            if not request.meta.get(META_REVISIT):
-                meta = {k: v for k, v in request.meta.items() if k not in _PER_FETCH}
-                kept = request.replace(meta=meta)
-            shared.save(url, state, kept, self.spider)
-            self._inc(_OUTCOME_STAT[outcome])
-            return
-        new_request = url not in self.requests or not request.meta.get(META_REVISIT)
-        if new_request:
-            meta = {k: v for k, v in request.meta.items() if k not in _PER_FETCH}
-            request = self.requests[url] = request.replace(meta=meta)
-        self.due.schedule(url, state.due)
         self._inc(_OUTCOME_STAT[outcome])
+        revisit = bool(request.meta.get(META_REVISIT))
+        if self.shared is not None:
+            # On a fleet the request is kept in Redis, with the state and due time.
+            self.shared.save(url, state, None if revisit else _kept(request), self.spider)
+            return
+        new_request = url not in self.requests or not revisit
+        if new_request:
+            request = self.requests[url] = _kept(request)
+        self.due.schedule(url, state.due)
         log = self.log
         if log is not None:
             log.write(url, state, request if new_request else None, self.spider)
@@ -441,12 +435,13 @@ class RecrawlMiddleware:
         if new == state:  # the date a sitemap read before: nothing to keep or write again
             return
         self.states[url] = new
-        if new.due != state.due:
+        moved = new.due != state.due
+        if moved:
             self._inc("banker/recrawl/lastmod_due")
         if self.shared is not None:
             self.shared.save(url, new, None, self.spider)
             return
-        if new.due != state.due:
+        if moved:
             self.due.schedule(url, new.due)
         if self.log is not None:
             self.log.write(url, new, None, self.spider)
@@ -546,6 +541,12 @@ def sitemap_dates(response: Response) -> dict[str, float]:
             if at is not None:
                 out[loc] = at
     return out
+
+
+def _kept(request: Request) -> Request:
+    """The copy of the spider's ``request`` its page's revisits copy: without what one
+    delivery wrote in its meta (:data:`_PER_FETCH`)."""
+    return request.replace(meta={k: v for k, v in request.meta.items() if k not in _PER_FETCH})
 
 
 def _host(url: str) -> str:

@@ -164,13 +164,3 @@ class RevisitStates:
             for p, kept in zip(part, pipe.execute(), strict=True):
                 for url, state in kept.items():
                     yield p, decode(url, lossy=True), decode(state, lossy=True)
-
-    def counts(self, partitions: list[int], now: float) -> tuple[int, int]:
-        """(pages kept, pages due by ``now``) over ``partitions`` (one round trip)."""
-        pipe = self.link.client.pipeline(transaction=False)
-        for p in partitions:
-            k = self.link.keys(p)
-            pipe.zcard(k.revisit_due)
-            pipe.zcount(k.revisit_due, "-inf", repr(float(now)))
-        answers = pipe.execute()
-        return sum(int(a) for a in answers[0::2]), sum(int(a) for a in answers[1::2])

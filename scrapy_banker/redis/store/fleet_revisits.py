@@ -21,7 +21,6 @@ Nothing here waits for Redis.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -77,8 +76,7 @@ class FleetRevisits:
             except UnserializableRequest as exc:
                 self._unsaved(url, str(exc))
                 return
-        text = json.dumps(state.to_json(), separators=(",", ":"))
-        self.worker.save_revisit(RevisitWrite(partition, url, text, state.due, payload))
+        self.worker.save_revisit(RevisitWrite(partition, url, state.to_text(), state.due, payload))
 
     def take_due(self, spider: Spider) -> list[tuple[str, UrlState, Request]]:
         out: list[tuple[str, UrlState, Request]] = []
@@ -89,7 +87,7 @@ class FleetRevisits:
         while due:
             page = due.popleft()
             try:
-                state = UrlState.from_json(json.loads(page.state))
+                state = UrlState.from_text(page.state)
                 if not page.payload:
                     raise MalformedPayload("no request was kept for it")
                 request = codec.decode(page.payload, spider)

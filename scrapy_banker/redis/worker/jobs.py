@@ -384,7 +384,8 @@ class RevisitPopper:
                 raise
         owned = state.ownership.owned
         written = state.hints.revisits
-        if now >= self.next_full_at:
+        full = now >= self.next_full_at
+        if full:
             asked = dict(owned)
         else:
             asked = {p: e for p, e in owned.items() if p in self.held or p in written}
@@ -392,7 +393,7 @@ class RevisitPopper:
         popped = self.link.frontier.revisits.pop_many(
             self.link.node, asked, self.wall(), hold_s, REVISIT_POP_LIMIT
         )
-        if now >= self.next_full_at:
+        if full:  # only once it succeeded: a take Redis refused is tried whole again
             self.next_full_at = now + REVISIT_FULL_SCAN_S
         written.difference_update(asked)
         self.held = (self.held - asked.keys()) | popped.held

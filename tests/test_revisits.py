@@ -582,3 +582,36 @@ def test_a_revisit_carries_the_latest_copys_validators_and_ends_at_a_304() -> No
     own = Request(url, headers={"If-None-Match": '"v2"'})
     mine = Response(url, status=304, request=own)
     assert mw.process_response(own, mine, spider) is mine
+
+
+def test_a_carried_revisit_state_gives_the_validators_and_a_bad_one_is_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fleet's revisit carries its page's state (``banker_revisit_state``): the worker
+    that fetches it, which never fetched the page, sends its validators; a carried
+    state that does not read is one warning and a count, and the page is fetched as a
+    first fetch."""
+    from scrapy import Request, Spider
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_banker.core.recrawl import UrlState
+    from scrapy_banker.middlewares import RecrawlMiddleware
+
+    crawler = get_crawler(Spider, {"BANKER_RECRAWL": True})
+    mw = RecrawlMiddleware.from_crawler(crawler)
+    spider = Spider("s")
+    now = time.time()
+    carried = UrlState(due=now - 1, interval=60.0, fetched=now - 61, etag='"v7"').to_json()
+    meta = {"banker_revisit": now, "banker_revisit_state": carried}
+    revisit = Request("http://a.test/p", meta=meta)
+    mw.process_request(revisit, spider)
+    assert revisit.headers[b"If-None-Match"] == b'"v7"'
+    odd = {"banker_revisit": now, "banker_revisit_state": {"fetched": "yesterday"}}
+    bad = Request("http://a.test/q", meta=odd)
+    with caplog.at_level("WARNING"):
+        mw.process_request(bad, spider)
+    (line,) = [r for r in caplog.records if "banker_revisit_state" in r.getMessage()]
+    assert "Ignoring invalid meta banker_revisit_state" in line.getMessage()
+    assert line.exc_info is None and "\n" not in line.getMessage()
+    assert b"If-None-Match" not in bad.headers
+    assert crawler.stats.get_value("banker/recrawl/invalid_meta") == 1  # type: ignore[union-attr]
